@@ -1,0 +1,199 @@
+"""Crash-safe training logs: a JSON Lines file and a console progress line.
+
+The training thread only enqueues plain dicts; one background thread writes them. The queue
+is bounded, so a stalled disk slows the loop down instead of growing memory, and nothing is
+ever dropped. When the loop raises, `MetricsLogger.crash` puts the traceback after every
+record already queued, writes this process's crash file, and waits until all of it is on
+disk before the exception continues.
+
+Files in the log folder:
+
+- ``metrics.jsonl``: one JSON object per line, ``{"step": 10, "loss": 2.3, "time": ...}``
+  for metrics and ``{"event": "preempted", "step": 40, ...}`` for events. Written by
+  process 0 only (``is_main``); appended to on resume.
+- ``crash-p<process>.log``: the traceback of a crash, written by every process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+__all__ = ["MetricsLogger", "format_progress"]
+
+_STOP = object()
+
+
+def format_progress(record: Mapping[str, Any], num_steps: int | None, rate: float | None) -> str:
+    """The one-line console summary of a metrics record.
+
+    >>> format_progress({"step": 10, "loss": 2.5, "acc": 0.25, "time": 0.0}, 100, 12.5)
+    'step 10/100  loss 2.5000  acc 0.2500  12.5 steps/s'
+    """
+    step = f"step {record['step']}" + (f"/{num_steps}" if num_steps else "")
+    values = [
+        f"{name} {_short(value)}"
+        for name, value in record.items()
+        if name not in ("step", "time", "event")
+    ]
+    speed = [f"{rate:.1f} steps/s"] if rate is not None else []
+    return "  ".join([step, *values, *speed])
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float) and math.isfinite(value):
+        return f"{value:.4f}"
+    return str(value)
+
+
+class MetricsLogger:
+    """Writes metrics and events from a background thread; flushes everything on a crash.
+
+    Thread-safety: `log`, `event` and `crash` may be called from any thread. `log` blocks
+    while the queue is full (backpressure, never loss). A context manager: an exception
+    leaving the block is recorded with `crash` before it propagates, and the thread is
+    always joined. An error inside the writer thread (e.g. a full disk) is raised by the
+    next `log`, `event` or `close`.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        process_index: int = 0,
+        console: TextIO | None = sys.stderr,
+        num_steps: int | None = None,
+        queue_size: int = 1024,
+    ) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.process_index = process_index
+        self.is_main = process_index == 0
+        self.path = self.directory / "metrics.jsonl"
+        self.crash_path = self.directory / f"crash-p{process_index}.log"
+        self._console = console if self.is_main else None
+        self._num_steps = num_steps
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
+        self._error: BaseException | None = None
+        self._last: tuple[int, float] | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="roxxel-metrics", daemon=True)
+        self._thread.start()
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Queues the metrics of `step` (plain Python numbers) for the file and console."""
+        self._put({"step": int(step), **metrics, "time": time.time()})
+
+    def event(self, name: str, step: int, message: str = "", **fields: Any) -> None:
+        """Queues an event record; `message`, if given, is also printed on the console."""
+        record = {"event": name, "step": int(step), **fields, "time": time.time()}
+        if message:
+            record["message"] = message
+        self._put(record)
+
+    def crash(self, exc: BaseException, step: int | None = None) -> None:
+        """Records `exc` with its traceback, then waits until everything queued is written.
+
+        Every process writes its own crash file (synchronously, first, so it exists even
+        if the writer thread is stuck); process 0 also adds a ``crash`` event to the log.
+        """
+        text = "".join(traceback.format_exception(exc))
+        with open(self.crash_path, "a", encoding="utf-8") as f:
+            f.write(f"step {step}: {text}")
+        record = {"event": "crash", "step": step, "error": repr(exc), "traceback": text}
+        self._queue.put({**record, "time": time.time()})
+        self.flush()
+
+    def flush(self) -> None:
+        """Blocks until every record queued so far is written to disk."""
+        if self._thread.is_alive():
+            self._queue.join()
+
+    def close(self) -> None:
+        """Writes everything queued, stops the thread. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put(_STOP)
+            self._thread.join()
+        self._raise_writer_error()
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        try:
+            if exc is not None:
+                self.crash(exc)
+        finally:
+            self.close()
+
+    def _put(self, record: dict[str, Any]) -> None:
+        self._raise_writer_error()
+        self._queue.put(record)
+
+    def _raise_writer_error(self) -> None:
+        if self._error is not None:
+            raise OSError(f"MetricsLogger: writing {self.path} failed") from self._error
+
+    def _run(self) -> None:
+        file = open(self.path, "a", encoding="utf-8") if self.is_main else None  # noqa: SIM115
+        try:
+            while self._write_available(file):
+                pass
+        finally:
+            if file is not None:
+                file.close()
+
+    def _write_available(self, file: TextIO | None) -> bool:
+        """Writes one blocking record and whatever else is queued; False after the stop."""
+        records = [self._queue.get()]
+        while True:
+            try:
+                records.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        keep_going = True
+        try:
+            for record in records:
+                if record is _STOP:
+                    keep_going = False
+                elif self._error is None:
+                    self._write(file, record)
+            if file is not None and self._error is None:
+                file.flush()
+        except (OSError, TypeError, ValueError) as exc:
+            self._error = exc
+        finally:
+            for _ in records:
+                self._queue.task_done()
+        return keep_going
+
+    def _write(self, file: TextIO | None, record: dict[str, Any]) -> None:
+        if file is not None:
+            file.write(json.dumps(record, allow_nan=True) + "\n")
+        if self._console is None:
+            return
+        if record.get("event") == "crash":
+            self._console.write(f"crashed at step {record['step']}: {record['error']}\n")
+        elif "event" in record:
+            if not record.get("message"):
+                return
+            self._console.write(record["message"] + "\n")
+        else:
+            self._console.write(format_progress(record, self._num_steps, self._rate(record)) + "\n")
+        self._console.flush()
+
+    def _rate(self, record: Mapping[str, Any]) -> float | None:
+        last, self._last = self._last, (record["step"], record["time"])
+        if last is None or record["time"] <= last[1] or record["step"] <= last[0]:
+            return None
+        return (record["step"] - last[0]) / (record["time"] - last[1])

@@ -1,0 +1,163 @@
+"""Work units for packing: which input bytes or rows one pack job reads.
+
+An input file is cut into pieces (a byte range of a line file, a row range of an array file,
+a range of row groups of a Parquet file, ...); consecutive pieces are grouped into work
+units of about ``unit_bytes`` input bytes. The cut depends only on the inputs and
+``unit_bytes``, so a rerun with the same arguments gives the same units in the same order:
+that is what makes a pack resumable and splittable across tasks.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from roxxel.errors import ConfigError
+
+__all__ = [
+    "MAX_BAD_KEPT",
+    "BadRecords",
+    "Format",
+    "Piece",
+    "ReadOptions",
+    "Record",
+    "WorkUnit",
+    "group_pieces",
+    "row_pieces",
+]
+
+Format = Literal["jsonl", "text", "text-file", "npy", "npz", "parquet", "arrow", "hf", "megatron"]
+FORMATS: tuple[Format, ...] = (
+    "jsonl",
+    "text",
+    "text-file",
+    "npy",
+    "npz",
+    "parquet",
+    "arrow",
+    "hf",
+    "megatron",
+)
+Record = dict[str, Any]
+MAX_BAD_KEPT = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """A half-open range [start, stop) of one input file.
+
+    The unit of ``start``/``stop`` depends on the format: bytes for jsonl/text (a line
+    belongs to the piece whose range holds its first byte), rows for npy/npz/arrow-stream/hf,
+    row groups for parquet, record batches for arrow files, sequences for megatron;
+    text-file pieces are whole files (0, 1).
+    """
+
+    path: str
+    format: Format
+    start: int
+    stop: int
+    num_bytes: int
+
+    def describe(self) -> str:
+        return f"{self.path}[{self.start}:{self.stop}]"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkUnit:
+    """Consecutive pieces read by one pack job; ``index`` is its place in the plan."""
+
+    index: int
+    pieces: tuple[Piece, ...]
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(p.num_bytes for p in self.pieces)
+
+    def describe(self) -> str:
+        return ";".join(p.describe() for p in self.pieces)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "pieces": [self._piece_json(p) for p in self.pieces]}
+
+    @staticmethod
+    def _piece_json(p: Piece) -> list[Any]:
+        return [p.path, p.format, p.start, p.stop, p.num_bytes]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> WorkUnit:
+        pieces = tuple(Piece(str(a), b, int(c), int(d), int(e)) for a, b, c, d, e in data["pieces"])
+        return cls(int(data["index"]), pieces)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadOptions:
+    """How readers turn input into records.
+
+    Attributes:
+        field: field name for formats whose records have one unnamed value (npy rows, text
+            lines or files, megatron sequences); None means the format's default.
+        skip_bad: skip malformed records (counted in ``BadRecords``) instead of raising.
+    """
+
+    field: str | None = None
+    skip_bad: bool = False
+
+    def field_for(self, default: str) -> str:
+        return self.field or default
+
+
+@dataclass(slots=True)
+class BadRecords:
+    """Count of skipped records and the locations and reasons of the first few."""
+
+    count: int = 0
+    first: list[str] = field(default_factory=list)
+
+    def add(self, message: str) -> None:
+        self.count += 1
+        if len(self.first) < MAX_BAD_KEPT:
+            self.first.append(message)
+
+    def merge(self, other: BadRecords) -> None:
+        self.count += other.count
+        self.first.extend(other.first[: MAX_BAD_KEPT - len(self.first)])
+
+
+def row_pieces(path: str, fmt: Format, num_rows: int, unit_bytes: int) -> list[Piece]:
+    """Cut ``num_rows`` rows of one file into pieces of about ``unit_bytes`` file bytes."""
+    size = os.path.getsize(path)
+    if num_rows == 0:
+        return []
+    per_row = max(size / num_rows, 1.0)
+    rows = max(1, math.floor(unit_bytes / per_row)) if unit_bytes > 0 else 1
+    return [
+        Piece(path, fmt, s, min(s + rows, num_rows), round(per_row * (min(s + rows, num_rows) - s)))
+        for s in range(0, num_rows, rows)
+    ]
+
+
+def group_pieces(pieces: list[Piece], unit_bytes: int) -> list[WorkUnit]:
+    """Group consecutive pieces into units of at most ``unit_bytes`` (one piece at least)."""
+    units: list[WorkUnit] = []
+    current: list[Piece] = []
+    size = 0
+    for piece in pieces:
+        if current and size + piece.num_bytes > unit_bytes:
+            units.append(WorkUnit(len(units), tuple(current)))
+            current, size = [], 0
+        current.append(piece)
+        size += piece.num_bytes
+    if current:
+        units.append(WorkUnit(len(units), tuple(current)))
+    return units
+
+
+def check_range(piece: Piece, total: int, what: str) -> None:
+    """Raise ConfigError when a piece's range is outside [0, total) (input changed)."""
+    if not 0 <= piece.start <= piece.stop <= total:
+        raise ConfigError(
+            f"{piece.path}: {what} range [{piece.start}, {piece.stop}) out of bounds "
+            f"({total} {what}s, expected the input unchanged since planning)"
+        )

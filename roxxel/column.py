@@ -1,0 +1,178 @@
+"""One field of an open shard: checked once, then O(1) record access and batch gathers.
+
+Uncompressed records are read-only numpy views into the mapping; zstd records decode into
+fresh arrays, with the decoded size known (and bounded) before anything is allocated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import zstandard
+
+from roxxel.format import ZSTD_MAX_RATIO, ZSTD_SLACK_BYTES, check_offsets, crc32, fail
+from roxxel.layout import ColumnLayout, Extent
+
+__all__ = ["Column"]
+
+_ZSTD = zstandard.ZstdDecompressor()
+
+
+class Column:
+    """Read access to one field of one shard; every table checked on construction (R13, R15)."""
+
+    def __init__(self, buf: np.ndarray, layout: ColumnLayout, num_records: int, path: object):
+        self.field = layout.field
+        self.name = layout.field.name
+        self.path = path
+        self.compressed = layout.codec.name != "none"
+        self.num_records = num_records
+        self.data = _slice(buf, layout.data)
+        self._data_at = layout.data.offset
+        self.checksums = _slice(buf, layout.checksums).view("<u4")
+        self.offsets = self._table(buf, layout.offsets, layout.data.nbytes, self._stored_unit)
+        self.decoded = None
+        if layout.decoded is not None:
+            self.decoded = _slice(buf, layout.decoded).view("<u8")
+            self._check_decoded(self.decoded, layout.decoded.offset)
+        elif self.compressed:
+            self._check_fixed_ratio(layout.data.offset)
+        field = self.field
+        self.unit = field.unit_bytes
+        self.inner = field.inner_shape
+        if not self.compressed:
+            flat = self.data.view(field.dtype)
+            self.flat = flat if field.is_variable else flat.reshape((num_records, *field.shape))
+
+    @property
+    def _stored_unit(self) -> int:
+        return self.field.unit_bytes if self.field.is_variable and not self.compressed else 1
+
+    def _table(self, buf: np.ndarray, extent: Extent | None, limit: int, unit: int) -> Any:
+        if extent is None:
+            return None
+        table = _slice(buf, extent).view("<u8")
+        check_offsets(table, limit, unit, (self.path, extent.offset, self.name))
+        return table
+
+    def _check_decoded(self, decoded: np.ndarray, at: int) -> None:
+        check_offsets(decoded, int(decoded[-1]) if decoded.size else 0, self.field.unit_bytes,
+                      (self.path, at, self.name))  # fmt: skip
+        self._check_ratio(np.diff(decoded.astype(np.int64)), at)
+
+    def _check_fixed_ratio(self, at: int) -> None:
+        self._check_ratio(np.full(self.num_records, self.field.unit_bytes, np.int64), at)
+
+    def _check_ratio(self, decoded_sizes: np.ndarray, at: int) -> None:
+        """R15: no record may claim to decode to more than zstd could produce from its bytes."""
+        stored = np.diff(self.offsets.astype(np.int64))
+        bad = np.flatnonzero(decoded_sizes > stored * ZSTD_MAX_RATIO + ZSTD_SLACK_BYTES)
+        if bad.size:
+            raise fail(self.path, at, "R15", f"field {self.name!r}: record {int(bad[0])} claims"
+                       f" {int(decoded_sizes[bad[0]])} decoded bytes from {int(stored[bad[0]])}")  # fmt: skip
+
+    def stored(self, i: int) -> np.ndarray:
+        """The bytes of record ``i`` as stored (compressed for zstd fields)."""
+        if self.offsets is None:
+            return self.data[i * self.unit : (i + 1) * self.unit]
+        return self.data[int(self.offsets[i]) : int(self.offsets[i + 1])]
+
+    def record(self, i: int, verify: bool = False) -> Any:
+        """Record ``i`` of this field (``0 <= i < num_records``, checked by the caller)."""
+        if verify:
+            self.verify_record(i)
+        if self.compressed:
+            return self._decode(i)
+        field = self.field
+        if not field.is_variable:
+            return self.flat[i, ...]
+        start, stop = int(self.offsets[i]), int(self.offsets[i + 1])
+        if field.kind == "str":
+            return self._text(i, self.data[start:stop])
+        if field.kind == "bytes":
+            return self.data[start:stop]
+        part = self.flat[start // field.dtype.itemsize : stop // field.dtype.itemsize]
+        return part.reshape(-1, *self.inner) if self.inner else part
+
+    def length(self, i: int) -> int:
+        """Elements along the variable dimension of record ``i``."""
+        table = self.decoded if self.decoded is not None else self.offsets
+        return (int(table[i + 1]) - int(table[i])) // self.unit
+
+    def lengths(self, indices: np.ndarray) -> np.ndarray:
+        """Vectorized `length` (int64)."""
+        table = self.decoded if self.decoded is not None else self.offsets
+        return (table[indices + 1] - table[indices]).astype(np.int64) // self.unit
+
+    def take(self, indices: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Stack fixed-shape records ``indices`` into ``out`` (or a new array)."""
+        if not self.compressed:
+            return np.take(self.flat, indices, axis=0, out=out)
+        if out is None:
+            out = np.empty((len(indices), *self.field.shape), self.field.dtype)
+        for row, i in enumerate(indices.tolist()):
+            out[row] = self._decode(i)
+        return out
+
+    def pad_into(self, indices: np.ndarray, out: np.ndarray) -> None:
+        """Copy variable-length records into the rows of ``out``, zero past each record."""
+        out[...] = 0
+        for row, i in enumerate(indices.tolist()):
+            value = self.record(i)
+            if isinstance(value, str):
+                value = np.frombuffer(value.encode(), np.uint8)
+            out[row, : len(value)] = value
+
+    def verify_record(self, i: int) -> None:
+        """Raise FormatError (R16) if record ``i``'s stored bytes fail their checksum."""
+        if crc32(self.stored(i)) != int(self.checksums[i]):
+            raise fail(self.path, self._stored_at(i), "R16",
+                       f"record {i} field {self.name!r}: checksum mismatch")  # fmt: skip
+
+    def bad_records(self) -> list[int]:
+        """Every record whose stored bytes fail their checksum (or, for str, UTF-8)."""
+        bad = []
+        for i in range(self.num_records):
+            stored = self.stored(i)
+            if crc32(stored) != int(self.checksums[i]):
+                bad.append(i)
+            elif self.field.kind == "str" and not self.compressed:
+                try:
+                    bytes(stored).decode("utf-8")
+                except UnicodeDecodeError:
+                    bad.append(i)
+        return bad
+
+    def _stored_at(self, i: int) -> int:
+        """The file offset of record ``i``'s stored bytes, for error messages."""
+        return self._data_at + (i * self.unit if self.offsets is None else int(self.offsets[i]))
+
+    def _decode(self, i: int) -> Any:
+        field = self.field
+        expected = field.unit_bytes if self.decoded is None else self.length(i) * self.unit
+        frame = self.stored(i)
+        try:
+            if zstandard.frame_content_size(frame) != expected:
+                raise zstandard.ZstdError("frame content size differs from the table")
+            raw = _ZSTD.decompress(frame, max_output_size=expected)
+        except zstandard.ZstdError as exc:
+            raise fail(self.path, self._stored_at(i), "R15",
+                       f"record {i} field {self.name!r}: zstd frame does not decode ({exc})") from None  # fmt: skip
+        if field.kind == "str":
+            return self._text(i, raw)
+        array = np.frombuffer(raw, field.dtype)
+        if field.kind == "bytes":
+            return array
+        return array.reshape(field.shape if not field.is_variable else (-1, *self.inner))
+
+    def _text(self, i: int, raw: Any) -> str:
+        try:
+            return bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            raise fail(self.path, self._stored_at(i), "R17",
+                       f"record {i} field {self.name!r}: str is not UTF-8") from None  # fmt: skip
+
+
+def _slice(buf: np.ndarray, extent: Extent) -> np.ndarray:
+    return buf[extent.offset : extent.end]

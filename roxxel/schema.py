@@ -1,0 +1,253 @@
+"""Fields and schemas: what a record holds, spelled as short strings, and records -> bytes.
+
+A field spec is ``dtype`` (a scalar), ``dtype[d0,d1,...]`` (a fixed shape),
+``dtype[]`` or ``dtype[,d1,...]`` (a variable leading dimension), ``bytes`` or ``str``.
+Dtypes come from a fixed allow-list; nothing else (no object dtypes, no pickle) exists.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from roxxel.errors import ConfigError
+
+__all__ = ["CODECS", "Codec", "Field", "Schema", "parse_codec"]
+
+NUMERIC_DTYPES = (
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64", "bfloat16",
+)  # fmt: skip
+CODECS = ("none", "zstd")
+MAX_FIELD_NAME = 128
+MAX_RANK = 8
+MAX_DIM = 1 << 32
+_SPEC = re.compile(r"^([a-z0-9]+)(?:\[([0-9,]*)\])?$")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+
+Kind = Literal["array", "bytes", "str"]
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The little-endian numpy dtype for an allow-listed dtype name."""
+    if name == "bfloat16":
+        import ml_dtypes  # optional weight: loaded only for bfloat16 fields
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name).newbyteorder("<")
+
+
+@dataclass(frozen=True, slots=True)
+class Codec:
+    """How a field's record bytes are stored: raw (``none``) or zstd at a level."""
+
+    name: Literal["none", "zstd"] = "none"
+    level: int = 3
+
+    @property
+    def spec(self) -> str:
+        return "none" if self.name == "none" else f"zstd:{self.level}"
+
+
+def parse_codec(spec: str | Codec, where: str = "codec") -> Codec:
+    """Parse ``"none"``, ``"zstd"`` or ``"zstd:LEVEL"`` (LEVEL in 1..22).
+
+    >>> parse_codec("zstd:5")
+    Codec(name='zstd', level=5)
+    """
+    if isinstance(spec, Codec):
+        return spec
+    name, _, level = str(spec).partition(":")
+    if name == "none" and not level:
+        return Codec()
+    if name == "zstd":
+        if not level:
+            return Codec("zstd")
+        if level.isdigit() and 1 <= int(level) <= 22:
+            return Codec("zstd", int(level))
+    raise ConfigError(f"{where}: unknown codec ({spec!r}, expected none, zstd or zstd:1..22)")
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One named field of a record: a dtype and a shape whose leading dim may be variable.
+
+    ``shape`` holds ``None`` for the variable leading dimension. ``bytes`` and ``str``
+    fields are variable-length uint8 data (``str`` is UTF-8).
+    """
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int | None, ...]
+    kind: Kind = "array"
+
+    @classmethod
+    def parse(cls, name: str, spec: str) -> Field:
+        """Parse one field spec such as ``"int32[]"`` or ``"uint8[3,64,64]"``.
+
+        >>> Field.parse("tokens", "int32[]").shape
+        (None,)
+        """
+        if not isinstance(name, str) or not _NAME.match(name) or len(name) > MAX_FIELD_NAME:
+            raise ConfigError(f"field {name!r}: bad name (expected [A-Za-z_][A-Za-z0-9_.-]*)")
+        if spec in ("bytes", "str"):
+            return cls(name, np.dtype(np.uint8), (None,), spec)
+        match = _SPEC.match(spec) if isinstance(spec, str) else None
+        if match is None or match.group(1) not in NUMERIC_DTYPES:
+            raise ConfigError(
+                f"field {name!r}: bad spec ({spec!r}, expected one of {', '.join(NUMERIC_DTYPES)},"
+                " bytes or str, optionally with a shape like [3,64,64], [] or [,4])"
+            )
+        return cls(name, numpy_dtype(match.group(1)), _parse_shape(name, match.group(2)))
+
+    @property
+    def is_variable(self) -> bool:
+        return bool(self.shape) and self.shape[0] is None
+
+    @property
+    def inner_shape(self) -> tuple[int, ...]:
+        """The shape of one element along the variable dimension (or the whole fixed shape)."""
+        dims = self.shape[1:] if self.is_variable else self.shape
+        return tuple(int(d) for d in dims if d is not None)
+
+    @property
+    def unit_bytes(self) -> int:
+        """Bytes of one element along the variable dimension, or of a whole fixed record."""
+        return self.dtype.itemsize * math.prod(self.inner_shape)
+
+    @property
+    def spec(self) -> str:
+        if self.kind != "array":
+            return self.kind
+        name = "bfloat16" if self.dtype.name == "bfloat16" else self.dtype.name
+        if not self.shape:
+            return name
+        return f"{name}[{','.join('' if d is None else str(d) for d in self.shape)}]"
+
+    def to_bytes(self, value: Any, where: str) -> memoryview:
+        """Check one value against this field and return its raw little-endian bytes.
+
+        Raises ConfigError when the value has the wrong type or shape, or when a value
+        would change on conversion (70000 into uint16, 0.5 into int32): never a silent cast.
+        """
+        if self.kind == "str":
+            if not isinstance(value, str):
+                raise ConfigError(f"{where}: field {self.name!r} wants str ({type(value).__name__})")
+            return memoryview(value.encode("utf-8"))
+        if self.kind == "bytes":
+            if isinstance(value, bytes | bytearray | memoryview):
+                return memoryview(value).cast("B")
+            if isinstance(value, np.ndarray) and value.dtype == np.uint8 and value.ndim == 1:
+                return _raw(value)
+            raise ConfigError(f"{where}: field {self.name!r} wants bytes ({type(value).__name__})")
+        array = _exact_cast(np.asarray(value), self, where)
+        self._check_shape(array.shape, where)
+        return _raw(array)
+
+    def _check_shape(self, shape: tuple[int, ...], where: str) -> None:
+        expected = self.shape
+        ok = len(shape) == len(expected) and all(
+            e is None or e == s for e, s in zip(expected, shape, strict=True)
+        )
+        if not ok:
+            raise ConfigError(f"{where}: field {self.name!r} has shape {shape} (expected {self.spec})")
+
+
+def _raw(array: np.ndarray) -> memoryview:
+    """The bytes of an array, C order, as a flat memoryview (works for empty arrays too)."""
+    return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+
+
+def _parse_shape(name: str, dims: str | None) -> tuple[int | None, ...]:
+    if dims is None:
+        return ()
+    parts = dims.split(",")
+    shape: list[int | None] = []
+    for i, part in enumerate(parts):
+        if part == "" and i == 0:
+            shape.append(None)
+        elif part.isdigit() and 0 < int(part) <= MAX_DIM:
+            shape.append(int(part))
+        else:
+            raise ConfigError(f"field {name!r}: bad dimension {part!r} in [{dims}] (expected 1..2**32)")
+    if len(shape) > MAX_RANK:
+        raise ConfigError(f"field {name!r}: rank {len(shape)} (expected at most {MAX_RANK})")
+    return tuple(shape)
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" or dtype.name == "bfloat16"
+
+
+def _exact_cast(array: np.ndarray, field: Field, where: str) -> np.ndarray:
+    target = field.dtype
+    if array.dtype == target:
+        return array
+    src = array.dtype
+    if not (src.kind in "biu" or _is_float(src)) or (target.kind in "biu" and _is_float(src)):
+        raise ConfigError(f"{where}: field {field.name!r} got {src} values (expected {field.spec})")
+    if _is_float(target) and _is_float(src):
+        return array.astype(target)  # float precision is what the user asked for
+    with np.errstate(all="ignore"):
+        cast = array.astype(target)
+        same = np.array_equal(cast.astype(src), array) and np.array_equal(np.sign(cast), np.sign(array))
+    if not same:
+        bad = array.flat[int(np.argmax(cast.astype(src) != array))] if array.size else array
+        raise ConfigError(f"{where}: field {field.name!r} value {bad} does not fit {target.name}")
+    return cast
+
+
+@dataclass(frozen=True, slots=True)
+class Schema:
+    """An ordered set of fields. Parse with ``Schema.parse({"tokens": "int32[]", ...})``."""
+
+    fields: tuple[Field, ...]
+
+    @classmethod
+    def parse(cls, specs: Mapping[str, str] | Schema) -> Schema:
+        """Build a schema from ``{name: spec}``.
+
+        >>> Schema.parse({"tokens": "int32[]", "label": "int64"}).to_json()
+        {'tokens': 'int32[]', 'label': 'int64'}
+        """
+        if isinstance(specs, Schema):
+            return specs
+        if not isinstance(specs, Mapping) or not specs:
+            raise ConfigError(f"schema: expected a non-empty mapping of name -> spec ({specs!r})")
+        return cls(tuple(Field.parse(name, spec) for name, spec in specs.items()))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields)
+
+    def to_json(self) -> dict[str, str]:
+        return {f.name: f.spec for f in self.fields}
+
+    def __getitem__(self, name: str) -> Field:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[Field]:
+        return iter(self.fields)
+
+    def __len__(self) -> int:
+        return len(self.fields)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
+
+    def select(self, names: list[str] | tuple[str, ...] | None) -> tuple[Field, ...]:
+        """The fields with these names, in the order given (all fields for None)."""
+        if names is None:
+            return self.fields
+        unknown = [n for n in names if n not in self.names]
+        if unknown:
+            raise ConfigError(f"schema: unknown fields {unknown} (expected some of {list(self.names)})")
+        return tuple(self[n] for n in names)

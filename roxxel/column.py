@@ -57,8 +57,12 @@ class Column:
         return table
 
     def _check_decoded(self, decoded: np.ndarray, at: int) -> None:
-        check_offsets(decoded, int(decoded[-1]) if decoded.size else 0, self.field.unit_bytes,
-                      (self.path, at, self.name))  # fmt: skip
+        check_offsets(
+            decoded,
+            int(decoded[-1]) if decoded.size else 0,
+            self.field.unit_bytes,
+            (self.path, at, self.name),
+        )
         self._check_ratio(np.diff(decoded.astype(np.int64)), at)
 
     def _check_fixed_ratio(self, at: int) -> None:
@@ -69,8 +73,13 @@ class Column:
         stored = np.diff(self.offsets.astype(np.int64))
         bad = np.flatnonzero(decoded_sizes > stored * ZSTD_MAX_RATIO + ZSTD_SLACK_BYTES)
         if bad.size:
-            raise fail(self.path, at, "R15", f"field {self.name!r}: record {int(bad[0])} claims"
-                       f" {int(decoded_sizes[bad[0]])} decoded bytes from {int(stored[bad[0]])}")  # fmt: skip
+            raise fail(
+                self.path,
+                at,
+                "R15",
+                f"field {self.name!r}: record {int(bad[0])} claims"
+                f" {int(decoded_sizes[bad[0]])} decoded bytes from {int(stored[bad[0]])}",
+            )
 
     def stored(self, i: int) -> np.ndarray:
         """The bytes of record ``i`` as stored (compressed for zstd fields)."""
@@ -127,8 +136,12 @@ class Column:
     def verify_record(self, i: int) -> None:
         """Raise FormatError (R16) if record ``i``'s stored bytes fail their checksum."""
         if crc32(self.stored(i)) != int(self.checksums[i]):
-            raise fail(self.path, self._stored_at(i), "R16",
-                       f"record {i} field {self.name!r}: checksum mismatch")  # fmt: skip
+            raise fail(
+                self.path,
+                self._stored_at(i),
+                "R16",
+                f"record {i} field {self.name!r}: checksum mismatch",
+            )
 
     def bad_records(self) -> list[int]:
         """Every record whose stored bytes fail their checksum (or, for str, UTF-8)."""
@@ -157,8 +170,12 @@ class Column:
                 raise zstandard.ZstdError("frame content size differs from the table")
             raw = _ZSTD.decompress(frame, max_output_size=expected)
         except zstandard.ZstdError as exc:
-            raise fail(self.path, self._stored_at(i), "R15",
-                       f"record {i} field {self.name!r}: zstd frame does not decode ({exc})") from None  # fmt: skip
+            raise fail(
+                self.path,
+                self._stored_at(i),
+                "R15",
+                f"record {i} field {self.name!r}: zstd frame does not decode ({exc})",
+            ) from None
         if field.kind == "str":
             return self._text(i, raw)
         array = np.frombuffer(raw, field.dtype)
@@ -170,8 +187,12 @@ class Column:
         try:
             return bytes(raw).decode("utf-8")
         except UnicodeDecodeError:
-            raise fail(self.path, self._stored_at(i), "R17",
-                       f"record {i} field {self.name!r}: str is not UTF-8") from None  # fmt: skip
+            raise fail(
+                self.path,
+                self._stored_at(i),
+                "R17",
+                f"record {i} field {self.name!r}: str is not UTF-8",
+            ) from None
 
 
 def _slice(buf: np.ndarray, extent: Extent) -> np.ndarray:

@@ -14,7 +14,7 @@ import hashlib
 import os
 import stat
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -22,12 +22,21 @@ from typing import Any
 import numpy as np
 
 from roxxel.batch import Batch, Group, allocate, gather, normalize_indices
-from roxxel.errors import FormatError
-from roxxel.manifest import MANIFEST_MAX_BYTES, MANIFEST_NAME, Manifest, checksum_text, parse_manifest
+from roxxel.errors import ConfigError, FormatError
+from roxxel.manifest import (
+    MANIFEST_MAX_BYTES,
+    MANIFEST_NAME,
+    Manifest,
+    ShardEntry,
+    ShardInfo,
+    checksum_text,
+    parse_manifest,
+)
 from roxxel.reader import Corruption, Shard
 from roxxel.schema import Schema
+from roxxel.writer import json_object, publish_manifest
 
-__all__ = ["Dataset", "open_dataset"]
+__all__ = ["Dataset", "open_dataset", "write_manifest"]
 
 
 class Dataset:
@@ -43,7 +52,9 @@ class Dataset:
         self.manifest: Manifest = _read_manifest(self.path / MANIFEST_NAME)
         self._check_entries()
         counts = [s.num_records for s in self.manifest.shards]
-        self.shard_starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
+        self.shard_starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(
+            np.int64
+        )
         self._starts = self.shard_starts.tolist()
         self._num = int(self.shard_starts[-1])
         self._shards: list[Shard | None] = [None] * len(counts)
@@ -158,11 +169,15 @@ class Dataset:
         found = (len(shard), shard.num_bytes, checksum_text(shard.index_crc))
         expected = (entry.num_records, entry.num_bytes, entry.checksum)
         if found != expected:
-            raise FormatError(f"{shard.path}: (records, bytes, checksum) {found} disagree with"
-                              f" the manifest {expected} (rule M9 of docs/format.md)")  # fmt: skip
+            raise FormatError(
+                f"{shard.path}: (records, bytes, checksum) {found} disagree with"
+                f" the manifest {expected} (rule M9 of docs/format.md)"
+            )
         if shard.schema.to_json() != self.schema.to_json():
-            raise FormatError(f"{shard.path}: schema {shard.schema.to_json()} differs from the"
-                              f" manifest's {self.schema.to_json()} (rule M9 of docs/format.md)")  # fmt: skip
+            raise FormatError(
+                f"{shard.path}: schema {shard.schema.to_json()} differs from the"
+                f" manifest's {self.schema.to_json()} (rule M9 of docs/format.md)"
+            )
         return shard
 
     def _check_entries(self) -> None:
@@ -180,10 +195,14 @@ class Dataset:
             try:
                 info = os.stat(target)
             except FileNotFoundError:
-                raise FormatError(f"{where}: shard listed in the manifest is missing (rule M7)") from None
+                raise FormatError(
+                    f"{where}: shard listed in the manifest is missing (rule M7)"
+                ) from None
             if not stat.S_ISREG(info.st_mode) or info.st_size != entry.num_bytes:
-                raise FormatError(f"{where}: {info.st_size} bytes or not a regular file"
-                                  f" (expected {entry.num_bytes} bytes, rule M8)")  # fmt: skip
+                raise FormatError(
+                    f"{where}: {info.st_size} bytes or not a regular file"
+                    f" (expected {entry.num_bytes} bytes, rule M8)"
+                )
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (open_dataset, (str(self.path),))
@@ -205,7 +224,44 @@ def _read_manifest(path: Path) -> Manifest:
     with os.fdopen(fd, "rb") as file:
         info = os.fstat(file.fileno())
         if not stat.S_ISREG(info.st_mode) or info.st_size > MANIFEST_MAX_BYTES:
-            raise FormatError(f"{path}: not a regular file of at most {MANIFEST_MAX_BYTES} bytes"
-                              " (rule M1 of docs/format.md)")  # fmt: skip
+            raise FormatError(
+                f"{path}: not a regular file of at most {MANIFEST_MAX_BYTES} bytes"
+                " (rule M1 of docs/format.md)"
+            )
         data = file.read(MANIFEST_MAX_BYTES + 1)
     return parse_manifest(data, path)
+
+
+def write_manifest(
+    path: str | os.PathLike[str],
+    shards: Iterable[str | os.PathLike[str] | ShardInfo],
+    schema: Schema | Mapping[str, str] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> Path:
+    """Finish a dataset whose shards were written separately: write its manifest last.
+
+    ``shards`` are shard files directly inside ``path`` (paths, or the `ShardInfo` a
+    writer returned), in dataset order. Each is opened and checked; all must share one
+    schema (``schema`` if given, else the first shard's). Returns the manifest's path.
+    """
+    folder = Path(path)
+    entries: list[ShardEntry] = []
+    for item in shards:
+        shard = Shard(item.path if isinstance(item, ShardInfo) else item)
+        if shard.path.resolve().parent != folder.resolve():
+            raise ConfigError(f"{folder}: shard {shard.path} is not directly inside the dataset")
+        if schema is None:
+            schema = shard.schema
+        if shard.schema.to_json() != Schema.parse(schema).to_json():
+            raise ConfigError(
+                f"{shard.path}: schema {shard.schema.to_json()} differs from"
+                f" {Schema.parse(schema).to_json()}"
+            )
+        entry = ShardEntry(
+            shard.path.name, len(shard), shard.num_bytes, checksum_text(shard.index_crc)
+        )
+        entries.append(entry)
+    if schema is None:
+        raise ConfigError(f"{folder}: no shards and no schema: nothing to describe")
+    manifest = Manifest(Schema.parse(schema), tuple(entries), json_object(metadata, "metadata"))
+    return publish_manifest(folder, manifest)

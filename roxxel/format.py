@@ -118,7 +118,9 @@ def parse_header(data: bytes | memoryview, path: object) -> None:
     """Check the 64 header bytes (R2-R4)."""
     magic, version, header_bytes, reserved = _HEADER.unpack(data)
     if magic != MAGIC:
-        raise fail(path, 0, "R2", f"not a roxxel shard: magic {bytes(magic)!r} (expected {MAGIC!r})")
+        raise fail(
+            path, 0, "R2", f"not a roxxel shard: magic {bytes(magic)!r} (expected {MAGIC!r})"
+        )
     if version != FORMAT_VERSION:
         newer = " written by a newer roxxel; upgrade to read it" if version > FORMAT_VERSION else ""
         raise fail(path, 8, "R3", f"format version {version} (expected {FORMAT_VERSION}){newer}")
@@ -131,23 +133,35 @@ def parse_trailer(data: bytes | memoryview, file_bytes: int, path: object) -> Tr
     at = file_bytes - TRAILER_BYTES
     num, tables, meta, meta_bytes, crc, zero, reserved, magic = _TRAILER.unpack(data)
     if magic != TRAILER_MAGIC:
-        raise fail(path, at + 56, "R5", f"trailer magic {magic!r} (expected {TRAILER_MAGIC!r}:"
-                   " file cut short, still being written, or bytes appended)")  # fmt: skip
+        raise fail(
+            path,
+            at + 56,
+            "R5",
+            f"trailer magic {magic!r} (expected {TRAILER_MAGIC!r}:"
+            " file cut short, still being written, or bytes appended)",
+        )
     if zero or any(reserved):
         raise fail(path, at + 36, "R5", "reserved trailer bytes not zero")
     if meta_bytes > META_MAX_BYTES:
         raise fail(path, at + 24, "R7", f"metadata of {meta_bytes} bytes (cap {META_MAX_BYTES})")
     ends = (HEADER_BYTES <= tables <= meta, tables % ALIGN == 0, meta + meta_bytes == at)
     if not all(ends):
-        raise fail(path, at + 8, "R6", f"index extents tables={tables} metadata={meta}+{meta_bytes}"
-                   f" do not end at the trailer ({at})")  # fmt: skip
+        raise fail(
+            path,
+            at + 8,
+            "R6",
+            f"index extents tables={tables} metadata={meta}+{meta_bytes}"
+            f" do not end at the trailer ({at})",
+        )
     # Every record owns a checksum of >= 4 bytes in the tables, which bounds the count.
     if num > (meta - tables) // 4 + 1:
         raise fail(path, at, "R6", f"record count {num} too large for {meta - tables} table bytes")
     return Trailer(num, tables, meta, meta_bytes, crc)
 
 
-def check_offsets(offsets: np.ndarray, limit: int, unit: int, where: tuple[object, int, str]) -> None:
+def check_offsets(
+    offsets: np.ndarray, limit: int, unit: int, where: tuple[object, int, str]
+) -> None:
     """Check an offset table in one vectorized pass (R13).
 
     ``offsets`` must start at 0, never decrease, end at ``limit`` and step in multiples
@@ -164,10 +178,18 @@ def check_offsets(offsets: np.ndarray, limit: int, unit: int, where: tuple[objec
     if bad.size:
         raise fail(path, at + 8 * (int(bad[0]) + 1), "R13", f"field {name!r}: offsets decrease")
     if int(offsets[-1]) != limit:
-        raise fail(path, at + 8 * (offsets.size - 1), "R13",
-                   f"field {name!r}: last offset {int(offsets[-1])} (expected column end {limit})")  # fmt: skip
+        raise fail(
+            path,
+            at + 8 * (offsets.size - 1),
+            "R13",
+            f"field {name!r}: last offset {int(offsets[-1])} (expected column end {limit})",
+        )
     if unit > 1 and steps.size:
         odd = np.flatnonzero(steps % unit)
         if odd.size:
-            raise fail(path, at + 8 * (int(odd[0]) + 1), "R13",
-                       f"field {name!r}: record size not a multiple of {unit} bytes")  # fmt: skip
+            raise fail(
+                path,
+                at + 8 * (int(odd[0]) + 1),
+                "R13",
+                f"field {name!r}: record size not a multiple of {unit} bytes",
+            )

@@ -134,7 +134,9 @@ def _no_constants(name: str) -> None:
 def _parse_column(doc: Any, num: int, where: tuple[object, int]) -> ColumnLayout:
     path, at = where
     if not isinstance(doc, dict) or set(doc) != _FIELD_KEYS:
-        raise fail(path, at, "R10", f"field entry {doc!r:.200} (expected keys {sorted(_FIELD_KEYS)})")
+        raise fail(
+            path, at, "R10", f"field entry {doc!r:.200} (expected keys {sorted(_FIELD_KEYS)})"
+        )
     try:
         field = Field.parse(doc["name"], doc["type"])
         codec = parse_codec(doc["codec"])
@@ -153,8 +155,12 @@ def _parse_column(doc: Any, num: int, where: tuple[object, int]) -> ColumnLayout
         sizes.append((column.data, num * field.unit_bytes, "R12"))
     for extent, nbytes, rule_id in sizes:
         if extent is not None and extent.nbytes != nbytes:
-            raise fail(path, extent.offset, rule_id, f"{rule}: extent of {extent.nbytes} bytes"
-                       f" (expected {nbytes} for {num} records)")  # fmt: skip
+            raise fail(
+                path,
+                extent.offset,
+                rule_id,
+                f"{rule}: extent of {extent.nbytes} bytes (expected {nbytes} for {num} records)",
+            )
     return column
 
 
@@ -164,7 +170,9 @@ def _extent(value: Any, key: str, where: tuple[object, int]) -> Extent | None:
     ok = isinstance(value, list) and len(value) == 2
     ok = ok and all(type(v) is int and 0 <= v < 1 << 62 for v in value)
     if not ok:
-        raise fail(where[0], where[1], "R11", f"{key} extent {value!r:.80} (expected [offset, nbytes])")
+        raise fail(
+            where[0], where[1], "R11", f"{key} extent {value!r:.80} (expected [offset, nbytes])"
+        )
     return Extent(value[0], value[1])
 
 
@@ -172,13 +180,20 @@ def _check_packing(columns: tuple[ColumnLayout, ...], trailer: Trailer, path: ob
     """R11: columns packed from byte 64, tables from tables_offset, each at the next 64."""
     data = sorted((c.data for c in columns), key=lambda e: e.offset)
     tables = sorted((t for c in columns for t in c.tables()), key=lambda e: e.offset)
-    for extents, start, stop in ((data, HEADER_BYTES, trailer.tables_offset),
-                                 (tables, trailer.tables_offset, trailer.meta_offset)):  # fmt: skip
+    for extents, start, stop in (
+        (data, HEADER_BYTES, trailer.tables_offset),
+        (tables, trailer.tables_offset, trailer.meta_offset),
+    ):
         cursor = start
         for extent in extents:
             if extent.offset != align(cursor):
-                raise fail(path, extent.offset, "R11", f"extent at {extent.offset}"
-                           f" (expected the next {ALIGN}-byte boundary after {cursor})")  # fmt: skip
+                raise fail(
+                    path,
+                    extent.offset,
+                    "R11",
+                    f"extent at {extent.offset}"
+                    f" (expected the next {ALIGN}-byte boundary after {cursor})",
+                )
             cursor = extent.end
         if align(cursor) != stop and not (not extents and start == stop):
             raise fail(path, cursor, "R11", f"region ends at {cursor} (expected {stop})")

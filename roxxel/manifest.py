@@ -73,8 +73,12 @@ class Manifest:
             "schema": self.schema.to_json(),
             "num_records": self.num_records,
             "shards": [
-                {"path": s.path, "num_records": s.num_records, "num_bytes": s.num_bytes,
-                 "checksum": s.checksum}  # fmt: skip
+                {
+                    "path": s.path,
+                    "num_records": s.num_records,
+                    "num_bytes": s.num_bytes,
+                    "checksum": s.checksum,
+                }
                 for s in self.shards
             ],
             "metadata": self.metadata,
@@ -95,13 +99,21 @@ def parse_manifest(data: bytes, path: object) -> Manifest:
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise _fail(path, "M1", f"not UTF-8 JSON ({exc})") from None
     if not isinstance(doc, dict) or set(doc) != _KEYS:
-        raise _fail(path, "M2", f"keys {sorted(doc) if isinstance(doc, dict) else doc!r:.80}"
-                    f" (expected {sorted(_KEYS)})")  # fmt: skip
+        raise _fail(
+            path,
+            "M2",
+            f"keys {sorted(doc) if isinstance(doc, dict) else doc!r:.80}"
+            f" (expected {sorted(_KEYS)})",
+        )
     if doc["format"] != FORMAT_NAME or doc["format_version"] != FORMAT_VERSION:
         newer = isinstance(doc["format_version"], int) and doc["format_version"] > FORMAT_VERSION
         hint = "; written by a newer roxxel, upgrade to read it" if newer else ""
-        raise _fail(path, "M2", f"format {doc['format']!r} version {doc['format_version']!r}"
-                    f" (expected {FORMAT_NAME!r} {FORMAT_VERSION}){hint}")  # fmt: skip
+        raise _fail(
+            path,
+            "M2",
+            f"format {doc['format']!r} version {doc['format_version']!r}"
+            f" (expected {FORMAT_NAME!r} {FORMAT_VERSION}){hint}",
+        )
     try:
         schema = Schema.parse(doc["schema"])
     except ConfigError as exc:
@@ -114,8 +126,11 @@ def parse_manifest(data: bytes, path: object) -> Manifest:
         raise _fail(path, "M5", f"duplicate shard entries in {names[:10]}")
     manifest = Manifest(schema, shards, doc["metadata"])
     if doc["num_records"] != manifest.num_records:
-        raise _fail(path, "M6", f"num_records {doc['num_records']!r}"
-                    f" (expected the shards' sum {manifest.num_records})")  # fmt: skip
+        raise _fail(
+            path,
+            "M6",
+            f"num_records {doc['num_records']!r} (expected the shards' sum {manifest.num_records})",
+        )
     return manifest
 
 
@@ -124,7 +139,7 @@ def _entry(doc: Any, index: int, path: object) -> ShardEntry:
     if not isinstance(doc, dict) or set(doc) != _SHARD_KEYS:
         raise _fail(path, "M4", f"{where} is {doc!r:.120} (expected keys {sorted(_SHARD_KEYS)})")
     name, num, size, crc = doc["path"], doc["num_records"], doc["num_bytes"], doc["checksum"]
-    if not (type(num) is int and type(size) is int and 0 <= num and 0 <= size < 1 << 62):
+    if not (type(num) is int and type(size) is int and num >= 0 and 0 <= size < 1 << 62):
         raise _fail(path, "M4", f"{where}: counts {num!r}, {size!r} (expected integers >= 0)")
     if not isinstance(crc, str) or not _CHECKSUM.match(crc):
         raise _fail(path, "M4", f"{where}: checksum {crc!r} (expected crc32:<8 hex digits>)")

@@ -168,8 +168,13 @@ def _map_file(path: Path) -> tuple[mmap.mmap, np.ndarray]:
         if not stat.S_ISREG(info.st_mode):
             raise fail(path, 0, "R1", "not a regular file")
         if info.st_size < HEADER_BYTES + TRAILER_BYTES:
-            raise fail(path, info.st_size, "R1", f"file of {info.st_size} bytes is too short"
-                       f" (at least {HEADER_BYTES + TRAILER_BYTES})")  # fmt: skip
+            raise fail(
+                path,
+                info.st_size,
+                "R1",
+                f"file of {info.st_size} bytes is too short"
+                f" (at least {HEADER_BYTES + TRAILER_BYTES})",
+            )
         mapping = mmap.mmap(fd, info.st_size, access=mmap.ACCESS_READ)
     finally:
         os.close(fd)
@@ -183,8 +188,12 @@ def _parse(buf: np.ndarray, path: Path) -> tuple[Layout, int]:
     meta_end = trailer.meta_offset + trailer.meta_bytes
     crc = index_crc(buf[:HEADER_BYTES], buf[trailer.tables_offset : meta_end], trailer)
     if crc != trailer.index_crc:
-        raise fail(path, size - TRAILER_BYTES + 32, "R8",
-                   f"index checksum {crc:08x} (expected {trailer.index_crc:08x})")  # fmt: skip
+        raise fail(
+            path,
+            size - TRAILER_BYTES + 32,
+            "R8",
+            f"index checksum {crc:08x} (expected {trailer.index_crc:08x})",
+        )
     layout = parse_layout(buf[trailer.meta_offset : meta_end].tobytes(), trailer, path)
     _check_padding(buf, layout, trailer.tables_offset, path)
     return layout, crc
@@ -204,5 +213,7 @@ def shard_infos(paths: Iterable[str | os.PathLike[str]]) -> list[ShardInfo]:
     infos = []
     for path in paths:
         shard = Shard(path)
-        infos.append(ShardInfo(shard.path, len(shard), shard.num_bytes, checksum_text(shard.index_crc)))
+        infos.append(
+            ShardInfo(shard.path, len(shard), shard.num_bytes, checksum_text(shard.index_crc))
+        )
     return infos

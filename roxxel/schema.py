@@ -20,9 +20,20 @@ from roxxel.errors import ConfigError
 __all__ = ["CODECS", "Codec", "Field", "Schema", "parse_codec"]
 
 NUMERIC_DTYPES = (
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64", "bfloat16",
-)  # fmt: skip
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "bfloat16",
+)
 CODECS = ("none", "zstd")
 MAX_FIELD_NAME = 128
 MAX_RANK = 8
@@ -137,7 +148,9 @@ class Field:
         """
         if self.kind == "str":
             if not isinstance(value, str):
-                raise ConfigError(f"{where}: field {self.name!r} wants str ({type(value).__name__})")
+                raise ConfigError(
+                    f"{where}: field {self.name!r} wants str ({type(value).__name__})"
+                )
             return memoryview(value.encode("utf-8"))
         if self.kind == "bytes":
             if isinstance(value, bytes | bytearray | memoryview):
@@ -155,7 +168,9 @@ class Field:
             e is None or e == s for e, s in zip(expected, shape, strict=True)
         )
         if not ok:
-            raise ConfigError(f"{where}: field {self.name!r} has shape {shape} (expected {self.spec})")
+            raise ConfigError(
+                f"{where}: field {self.name!r} has shape {shape} (expected {self.spec})"
+            )
 
 
 def _raw(array: np.ndarray) -> memoryview:
@@ -174,7 +189,9 @@ def _parse_shape(name: str, dims: str | None) -> tuple[int | None, ...]:
         elif part.isdigit() and 0 < int(part) <= MAX_DIM:
             shape.append(int(part))
         else:
-            raise ConfigError(f"field {name!r}: bad dimension {part!r} in [{dims}] (expected 1..2**32)")
+            raise ConfigError(
+                f"field {name!r}: bad dimension {part!r} in [{dims}] (expected 1..2**32)"
+            )
     if len(shape) > MAX_RANK:
         raise ConfigError(f"field {name!r}: rank {len(shape)} (expected at most {MAX_RANK})")
     return tuple(shape)
@@ -195,7 +212,9 @@ def _exact_cast(array: np.ndarray, field: Field, where: str) -> np.ndarray:
         return array.astype(target)  # float precision is what the user asked for
     with np.errstate(all="ignore"):
         cast = array.astype(target)
-        same = np.array_equal(cast.astype(src), array) and np.array_equal(np.sign(cast), np.sign(array))
+        same = np.array_equal(cast.astype(src), array) and np.array_equal(
+            np.sign(cast), np.sign(array)
+        )
     if not same:
         bad = array.flat[int(np.argmax(cast.astype(src) != array))] if array.size else array
         raise ConfigError(f"{where}: field {field.name!r} value {bad} does not fit {target.name}")
@@ -249,5 +268,7 @@ class Schema:
             return self.fields
         unknown = [n for n in names if n not in self.names]
         if unknown:
-            raise ConfigError(f"schema: unknown fields {unknown} (expected some of {list(self.names)})")
+            raise ConfigError(
+                f"schema: unknown fields {unknown} (expected some of {list(self.names)})"
+            )
         return tuple(self[n] for n in names)

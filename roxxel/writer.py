@@ -28,7 +28,7 @@ from roxxel.manifest import MANIFEST_NAME, Manifest, ShardEntry, ShardInfo, chec
 from roxxel.schema import Codec, Field, Schema, parse_codec
 from roxxel.version import __version__
 
-__all__ = ["DatasetWriter", "ShardInfo", "ShardWriter", "write_manifest", "write_shard"]
+__all__ = ["DatasetWriter", "ShardInfo", "ShardWriter", "publish_manifest", "write_shard"]
 
 WRITER_VERSION = __version__  # recorded in every shard; the golden-file test pins it
 SPOOL_BYTES = 64 << 20  # secondary columns stay in memory up to this size, then spill to disk
@@ -88,7 +88,7 @@ class ShardWriter:
     ):
         self.path = Path(path)
         self.schema = Schema.parse(schema)
-        self.metadata = _json_object(metadata, f"{self.path}: metadata")
+        self.metadata = json_object(metadata, f"{self.path}: metadata")
         codecs = parse_compress(compress, self.schema)
         self.num_records = 0
         self._tmp = _TempFile(self.path)
@@ -149,15 +149,16 @@ class ShardWriter:
         tables = [self._write_tables(index, c) for c in self._columns]
         meta_offset = index.pad()
         columns = tuple(
-            ColumnLayout(c.field, c.codec, data[i], *tables[i])
-            for i, c in enumerate(self._columns)
+            ColumnLayout(c.field, c.codec, data[i], *tables[i]) for i, c in enumerate(self._columns)
         )
         layout = Layout(self.num_records, columns, f"roxxel {WRITER_VERSION}", self.metadata)
         meta = layout_to_json(layout)
         index.write(meta)
         trailer = Trailer(self.num_records, tables_offset, meta_offset, len(meta), 0)
         crc = seal_crc(index.crc, trailer)
-        out.write(pack_trailer(Trailer(self.num_records, tables_offset, meta_offset, len(meta), crc)))
+        out.write(
+            pack_trailer(Trailer(self.num_records, tables_offset, meta_offset, len(meta), crc))
+        )
         num_bytes = out.tell()
         self._tmp.publish()
         return ShardInfo(self.path, self.num_records, num_bytes, checksum_text(crc))
@@ -240,7 +241,7 @@ class DatasetWriter:
         if not (isinstance(shard_bytes, int) and shard_bytes > 0):
             raise ConfigError(f"{self.path}: shard_bytes {shard_bytes!r} (expected an int > 0)")
         self.shard_bytes = shard_bytes
-        self.metadata = _json_object(metadata, f"{self.path}: metadata")
+        self.metadata = json_object(metadata, f"{self.path}: metadata")
         self._compress = parse_compress(compress, self.schema)
         self._prefix = shard_prefix
         manifest = self.path / MANIFEST_NAME
@@ -264,7 +265,9 @@ class DatasetWriter:
             raise ConfigError(f"{self.path}: write after close")
         if self._current is None:
             name = f"{self._prefix}-{len(self.shards):05d}.rxs"
-            self._current = ShardWriter(self.path / name, self.schema, self._compress, self.metadata)
+            self._current = ShardWriter(
+                self.path / name, self.schema, self._compress, self.metadata
+            )
         self._current.write(record)
         if self._current.num_bytes >= self.shard_bytes:
             self.shards.append(self._current.close())
@@ -278,8 +281,10 @@ class DatasetWriter:
         if self._current is not None:
             self.shards.append(self._current.close())
             self._current = None
-        entries = [ShardEntry(s.path.name, s.num_records, s.num_bytes, s.checksum) for s in self.shards]
-        return _publish_manifest(self.path, Manifest(self.schema, tuple(entries), self.metadata))
+        entries = [
+            ShardEntry(s.path.name, s.num_records, s.num_bytes, s.checksum) for s in self.shards
+        ]
+        return publish_manifest(self.path, Manifest(self.schema, tuple(entries), self.metadata))
 
     def abort(self) -> None:
         """Drop the shard in progress; write no manifest."""
@@ -298,30 +303,8 @@ class DatasetWriter:
             self.abort()
 
 
-def write_manifest(
-    path: str | os.PathLike[str],
-    shard_infos: Iterable[ShardInfo],
-    schema: Schema | Mapping[str, str],
-    metadata: Mapping[str, Any] | None = None,
-) -> Path:
-    """Write ``manifest.json`` for shards already in the folder ``path`` (atomically).
-
-    Used to finish a dataset whose shards were written separately (parallel or multi-task
-    packing). Every shard must lie directly in ``path``. Use `roxxel.reader.shard_info`
-    to get a `ShardInfo` of an existing shard file; `open_dataset` then checks each shard
-    against its entry.
-    """
-    folder = Path(path)
-    entries = []
-    for info in shard_infos:
-        if info.path.parent.resolve() != folder.resolve():
-            raise ConfigError(f"{folder}: shard {info.path} is not directly inside the dataset")
-        entries.append(ShardEntry(info.path.name, info.num_records, info.num_bytes, info.checksum))
-    manifest = Manifest(Schema.parse(schema), tuple(entries), _json_object(metadata, "metadata"))
-    return _publish_manifest(folder, manifest)
-
-
-def _publish_manifest(folder: Path, manifest: Manifest) -> Path:
+def publish_manifest(folder: Path, manifest: Manifest) -> Path:
+    """Write ``folder/manifest.json`` atomically (temp file, fsync, rename, fsync folder)."""
     target = folder / MANIFEST_NAME
     tmp = _TempFile(target)
     try:
@@ -392,7 +375,7 @@ def _pad_to(out: IO[bytes], position: int) -> int:
 
 
 def _spool(path: Path) -> IO[bytes]:
-    return tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES, dir=path.parent)  # noqa: SIM115
+    return tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES, dir=path.parent)
 
 
 def _primary(schema: Schema) -> Field:
@@ -401,7 +384,8 @@ def _primary(schema: Schema) -> Field:
     return variable[0] if variable else max(schema, key=lambda f: f.unit_bytes)
 
 
-def _json_object(value: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
+def json_object(value: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
+    """A copy of ``value`` as a dict, checked to be plain JSON (ConfigError otherwise)."""
     data = dict(value or {})
     try:
         json.dumps(data, allow_nan=False)

@@ -1,0 +1,171 @@
+"""Timing, memory and page-cache helpers shared by every worker (stdlib + numpy only).
+
+A worker is one process measuring one workload of one system; it reports through `emit`, one
+JSON line on stdout that the driver (`benchmarks.run`) parses. Memory comes from
+``/proc/self/status``: peak resident set (VmHWM) and anonymous resident memory (RssAnon, i.e.
+RSS minus file-backed and shared pages).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+Metric = dict[str, Any]
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Seconds one call of `fn` takes (perf_counter)."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def median_rate(fn: Callable[[], object], units: float, repeats: int = 5, warmup: int = 1) -> float:
+    """Median of `units / seconds` over `repeats` calls of `fn`, after `warmup` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    return statistics.median(units / max(timed(fn), 1e-9) for _ in range(repeats))
+
+
+def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 0) -> float:
+    """Median wall seconds of `repeats` calls of `fn`."""
+    for _ in range(warmup):
+        fn()
+    return statistics.median(timed(fn) for _ in range(repeats))
+
+
+def memory() -> dict[str, float]:
+    """Peak RSS, current RSS and anonymous resident memory of this process, in MiB."""
+    fields = {"VmHWM": "peak_rss_mib", "VmRSS": "rss_mib", "RssAnon": "anon_mib"}
+    out: dict[str, float] = {}
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key in fields:
+                out[fields[key]] = round(int(rest.split()[0]) / 1024, 1)
+    except OSError:
+        pass
+    return out
+
+
+def drop_cache(paths: list[Path]) -> bool:
+    """Evict files from the page cache with posix_fadvise(DONTNEED); False where unsupported."""
+    if not hasattr(os, "posix_fadvise"):
+        return False
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+    return True
+
+
+def files_under(root: Path) -> list[Path]:
+    """Every regular file below `root` (sorted), for cache eviction and size accounting."""
+    return sorted(p for p in Path(root).rglob("*") if p.is_file())
+
+
+def readahead_kb(path: Path) -> int | None:
+    """The block-device readahead (KiB) of the disk holding `path`, or None if unknown."""
+    st = os.stat(path)
+    base = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+    for cand in (
+        base / "queue" / "read_ahead_kb",
+        base.parent / "queue" / "read_ahead_kb",
+        base / ".." / "queue" / "read_ahead_kb",
+    ):
+        try:
+            return int(cand.read_text().strip())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def metric(
+    workload: str,
+    variant: str,
+    value: float | None,
+    unit: str,
+    *,
+    higher_is_better: bool = True,
+    notes: str = "",
+) -> Metric:
+    """One measured number, as a worker reports it."""
+    return {
+        "workload": workload,
+        "variant": variant,
+        "value": value,
+        "unit": unit,
+        "higher_is_better": higher_is_better,
+        "notes": notes,
+    }
+
+
+def resume_series(
+    workload: str,
+    first_batch: Callable[[int], object],
+    steps: Iterable[int],
+    labels: Callable[[int], str],
+    repeats: int = 3,
+    notes: str = "",
+) -> list[Metric]:
+    """Median seconds to the first batch at each step (one untimed warm-up at the first step)."""
+    steps = list(steps)
+    first_batch(steps[0])
+    return [
+        metric(
+            workload,
+            labels(s),
+            median_seconds(lambda s=s: first_batch(s), repeats),
+            "s",
+            higher_is_better=False,
+            notes=notes,
+        )
+        for s in steps
+    ]
+
+
+def emit(ok: bool, metrics: list[Metric], versions: dict[str, str], error: str = "") -> None:
+    """Print the worker's single JSON result line (the driver reads the last line)."""
+    out = {"ok": ok, "metrics": metrics, "memory": memory(), "versions": versions, "error": error}
+    sys.stdout.write("\n" + json.dumps(out) + "\n")
+    sys.stdout.flush()
+
+
+def worker_main(
+    workloads: dict[str, Callable[[dict], list[Metric]]], versions: Callable[[], dict[str, str]]
+) -> int:
+    """Entry point of a worker: ``python -m ... WORKLOAD '{json params}'``."""
+    name, params = sys.argv[1], json.loads(sys.argv[2] if len(sys.argv) > 2 else "{}")
+    if name not in workloads:
+        emit(False, [], {}, f"unknown workload {name!r} (expected one of {sorted(workloads)})")
+        return 2
+    try:
+        metrics = workloads[name](params)
+    except Exception as e:  # a peer's failure is a result row, not a crash of the suite
+        tb = traceback.format_exc(limit=3)
+        print(tb, file=sys.stderr)
+        msg = str(e) if str(e).startswith("not available yet") else f"{type(e).__name__}: {e}"
+        emit(False, [], _safe(versions), msg.strip()[:600])
+        return 1
+    emit(True, metrics, _safe(versions))
+    return 0
+
+
+def _safe(versions: Callable[[], dict[str, str]]) -> dict[str, str]:
+    try:
+        return versions()
+    except Exception as e:  # versions are informative only
+        return {"error": f"{type(e).__name__}: {e}"}

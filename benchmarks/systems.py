@@ -1,0 +1,134 @@
+"""The systems measured, the workloads each runs, and how one (system, workload) is run.
+
+Every measurement is its own process: the system's python (the project's venv for roxxel and
+the baselines, a peer's venv for a peer) running that system's worker script, which prints one
+JSON line. A worker that crashes, times out or cannot be installed becomes failure rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from benchmarks import venvs
+from benchmarks.table import Row, failure_rows
+
+WORKERS = Path(__file__).resolve().parent / "workers"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class System:
+    """One column of the comparison: a name, its worker script, its venv (None = ours)."""
+
+    name: str
+    worker: str
+    workloads: tuple[str, ...]
+    venv: str | None = None
+    params: tuple[tuple[str, object], ...] = ()
+
+
+ALL_WORKLOADS = (
+    "write_lm",
+    "write_images",
+    "read_single",
+    "read_batch_warm",
+    "read_batch_cold",
+    "train_tokens",
+    "train_images",
+    "resume",
+    "resume_mix",
+    "startup",
+)
+
+BASELINE = System(
+    "megatron-memmap",
+    "baseline_worker.py",
+    ("limits", *[w for w in ALL_WORKLOADS if w != "resume_mix"]),
+)
+ROXXEL = System("roxxel", "roxxel_worker.py", ALL_WORKLOADS)
+PEERS = (
+    System("grain", "grain_worker.py", ALL_WORKLOADS[:-1], venv="grain"),
+    System(
+        "roxxel 0.9.14",
+        "roxxel09_worker.py",
+        (
+            "write_lm",
+            "write_images",
+            "read_single",
+            "read_batch_warm",
+            "read_batch_cold",
+            "train_tokens",
+            "train_images",
+            "resume",
+            "resume_mix",
+            "startup",
+        ),
+        venv="roxxel09",
+    ),
+    System("mosaicml-streaming", "streaming_worker.py", ALL_WORKLOADS[:-2], venv="streaming"),
+    System("hf-datasets", "hf_worker.py", ALL_WORKLOADS[:-1], venv="hf"),
+)
+
+
+def python_of(system: System) -> tuple[str | None, str]:
+    """(python executable, "") for a runnable system, or (None, install error)."""
+    if system.venv is None:
+        return sys.executable, ""
+    err = venvs.ensure_venv(system.venv)
+    if err is not None:
+        return None, f"install failed: {err}"
+    return str(venvs.venv_python(system.venv)), ""
+
+
+def run_one(
+    system: System, workload: str, params: dict, timeout: float, log: Callable[[str], None] = print
+) -> tuple[list[Row], dict[str, str]]:
+    """Run one workload of one system in a fresh process; return its rows and versions."""
+    python, err = python_of(system)
+    if python is None:
+        return failure_rows(system.name, [workload], err), {}
+    args = {**dict(system.params), **params}
+    cmd = [python, str(WORKERS / system.worker), workload, json.dumps(args)]
+    log(f"[bench] {system.name}: {workload}")
+    with tempfile.TemporaryDirectory(prefix="rxbench-") as cwd:  # keep the repo off sys.path
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+        except subprocess.TimeoutExpired:
+            return failure_rows(system.name, [workload], f"timed out after {timeout:.0f} s"), {}
+    return parse_output(system.name, workload, proc.stdout, proc.stderr, proc.returncode)
+
+
+def parse_output(
+    system: str, workload: str, stdout: str, stderr: str, returncode: int
+) -> tuple[list[Row], dict[str, str]]:
+    """Rows from a worker's output; a crash or a reported error becomes a failure row."""
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        tail = " ".join(stderr.strip().splitlines()[-3:])[-500:]
+        return failure_rows(system, [workload], f"exit {returncode}: {tail or 'no output'}"), {}
+    out = json.loads(lines[-1])
+    versions = {k: str(v) for k, v in out.get("versions", {}).items()}
+    if not out.get("ok"):
+        return failure_rows(system, [workload], out.get("error") or "failed"), versions
+    mem = out.get("memory", {})
+    rows = [
+        Row(
+            system,
+            m["workload"],
+            m["variant"],
+            m["value"],
+            m["unit"],
+            m["higher_is_better"],
+            m.get("notes", ""),
+            m.get("error", ""),
+            mem.get("peak_rss_mib"),
+            mem.get("anon_mib"),
+        )
+        for m in out["metrics"]
+    ]
+    return rows, versions

@@ -1,0 +1,293 @@
+"""roxxel's own numbers, through its public API only (open_dataset, get_batch, Loader, ...).
+
+Each workload is a small function; one whose API has not landed yet (an import or attribute
+error) reports "not available yet: <error>" instead of a number.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.append(str(Path(__file__).resolve().parents[2]))
+from benchmarks import datagen as dg
+from benchmarks import measure as ms
+
+SYSTEM = "roxxel"
+LM_SCHEMA = {"tokens": "int32[]"}
+IMAGE_SCHEMA = {"image": "uint8[3,64,64]", "label": "int64"}
+
+
+def _rx():
+    """The roxxel package, or a clear 'not available yet' error."""
+    try:
+        import roxxel
+    except Exception as e:
+        raise RuntimeError(f"not available yet: {type(e).__name__}: {e}") from e
+    return roxxel
+
+
+def _api(name: str):
+    try:
+        return getattr(_rx(), name)
+    except Exception as e:
+        raise RuntimeError(f"not available yet: roxxel.{name}: {type(e).__name__}: {e}") from e
+
+
+def _spec(p: dict) -> dg.DataSpec:
+    return dg.SPECS[p.get("spec", "small")]
+
+
+def _write_lm(out: Path, spec: dg.DataSpec, docs=None) -> None:
+    rx = _rx()
+    schema = rx.Schema.parse(LM_SCHEMA)
+    with rx.DatasetWriter(out, schema, shard_bytes=256 << 20, overwrite=True) as w:
+        for doc in docs if docs is not None else dg.iter_documents(spec):
+            w.write({"tokens": doc})
+
+
+def _write_images(out: Path, img: np.ndarray, lab: np.ndarray) -> None:
+    rx = _rx()
+    schema = rx.Schema.parse(IMAGE_SCHEMA)
+    with rx.DatasetWriter(out, schema, shard_bytes=256 << 20, overwrite=True) as w:
+        for i in range(len(lab)):
+            w.write({"image": img[i], "label": lab[i]})
+
+
+def ensure_data(spec: dg.DataSpec) -> tuple[Path, Path]:
+    """The roxxel datasets of the LM corpus and the images, written once per spec."""
+    root = dg.data_dir(spec, SYSTEM)
+    stamp = root / "done"
+    if not (stamp.exists() and stamp.read_text() == spec.key()):
+        _write_lm(root / "lm", spec)
+        _write_images(root / "images", *dg.images(spec, 0, spec.num_images))
+        stamp.write_text(spec.key())
+    return root / "lm", root / "images"
+
+
+def w_write_lm(p: dict) -> list[ms.Metric]:
+    spec = _spec(p)
+    docs = list(dg.iter_documents(spec))
+    mb = sum(d.nbytes for d in docs) / 1e6
+    out = dg.data_dir(spec, SYSTEM) / "write-test-lm"
+    rate = ms.median_rate(lambda: _write_lm(out, spec, docs), mb, int(p.get("repeats", 3)), 0)
+    return [ms.metric("write_lm", "DatasetWriter (atomic: fsync + rename)", rate, "MB/s")]
+
+
+def w_write_images(p: dict) -> list[ms.Metric]:
+    spec = _spec(p)
+    img, lab = dg.images(spec, 0, spec.num_images)
+    out = dg.data_dir(spec, SYSTEM) / "write-test-images"
+    mb = (img.nbytes + lab.nbytes) / 1e6
+    rate = ms.median_rate(lambda: _write_images(out, img, lab), mb, int(p.get("repeats", 3)), 0)
+    return [ms.metric("write_images", "DatasetWriter (atomic: fsync + rename)", rate, "MB/s")]
+
+
+def w_read_single(p: dict) -> list[ms.Metric]:
+    spec = _spec(p)
+    ds = _rx().open_dataset(ensure_data(spec)[1])
+    idx = dg.random_indices(spec.num_images, int(p.get("count", 20000)), 1).tolist()
+    buf = np.empty(dg.IMAGE_SHAPE, np.uint8)
+
+    def run() -> None:
+        for i in idx:
+            buf[...] = ds[i]["image"]
+
+    rate = ms.median_rate(run, len(idx), int(p.get("repeats", 5)))
+    return [ms.metric("read_single", "ds[i] (two fields) + copy of the image", rate, "records/s")]
+
+
+def w_read_batch(p: dict, cold: bool) -> list[ms.Metric]:
+    spec = _spec(p)
+    path = ensure_data(spec)[1]
+    ds = _rx().open_dataset(path)
+    batches = [dg.random_indices(spec.num_images, dg.IMAGE_BATCH, 10 + k) for k in range(20)]
+    out = ds.get_batch(batches[0], fields=["image"])
+    files = ms.files_under(path)
+    times = []
+    for b in batches[: 5 if cold else 20]:
+        if cold:
+            ms.drop_cache(files)
+        t0 = time.perf_counter()
+        ds.get_batch(b, fields=["image"], out=out)
+        times.append(time.perf_counter() - t0)
+    wl = "read_batch_cold" if cold else "read_batch_warm"
+    gbs = out["image"].nbytes / 1e9 / float(np.median(times))
+    return [ms.metric(wl, "get_batch(256 random, out=reused)", gbs, "GB/s")]
+
+
+def _loader_rate(loader, n: int, repeats: int) -> float:
+    it = iter(loader)
+    next(it)
+
+    def run() -> None:
+        for _ in range(n):
+            next(it)
+
+    return ms.median_rate(run, n, repeats, 0)
+
+
+def w_train_tokens(p: dict) -> list[ms.Metric]:
+    spec = _spec(p)
+    ds = _rx().open_dataset(ensure_data(spec)[0])
+    windows = _api("TokenWindows")(ds, "tokens", dg.SEQ_LEN)
+    n, reps = int(p.get("batches", 100)), 3
+    res = []
+    with _api("Loader")(windows, dg.TOKEN_BATCH, seed=0, shuffle=True) as loader:
+        res.append(
+            ms.metric(
+                "train_tokens",
+                "Loader(TokenWindows), numpy out",
+                _loader_rate(loader, n, reps),
+                "batches/s",
+            )
+        )
+    res.append(_jax_variant("train_tokens", windows, dg.TOKEN_BATCH, n, reps))
+    return res
+
+
+def _jax_variant(workload: str, source, batch: int, n: int, reps: int) -> ms.Metric:
+    """The same loader yielding jax.Arrays placed with a one-device sharding."""
+    variant = "Loader, jax.Array out (1 device)"
+    try:
+        import jax
+        from jax.sharding import SingleDeviceSharding
+
+        sharding = SingleDeviceSharding(jax.devices()[0])
+        with _api("Loader")(source, batch, seed=0, shuffle=True, sharding=sharding) as loader:
+            rate = _loader_rate(loader, n, reps)
+    except Exception as e:  # report the variant as missing, keep the numpy number
+        return ms.metric(workload, variant, None, "", notes=_short(e))
+    return ms.metric(workload, variant, rate, "batches/s")
+
+
+def w_train_images(p: dict) -> list[ms.Metric]:
+    spec = _spec(p)
+    ds = _rx().open_dataset(ensure_data(spec)[1])
+    n, reps = int(p.get("batches", 50)), 3
+    out = ds.get_batch(np.arange(dg.IMAGE_BATCH))
+
+    def by_hand() -> None:
+        for s in range(n):
+            ds.get_batch(dg.random_indices(spec.num_images, dg.IMAGE_BATCH, 1000 + s), out=out)
+
+    res = [
+        ms.metric(
+            "train_images",
+            "get_batch, random rows (no Loader)",
+            ms.median_rate(by_hand, n, reps),
+            "batches/s",
+        )
+    ]
+    try:
+        with _api("Loader")(ds, dg.IMAGE_BATCH, seed=0, shuffle=True) as loader:
+            res.append(
+                ms.metric(
+                    "train_images", "Loader, numpy out", _loader_rate(loader, n, reps), "batches/s"
+                )
+            )
+        res.append(_jax_variant("train_images", ds, dg.IMAGE_BATCH, n, reps))
+    except Exception as e:  # the Loader lands separately: keep the get_batch number
+        res.append(ms.metric("train_images", "Loader", None, "", notes=_short(e)))
+    return res
+
+
+def _short(e: Exception) -> str:
+    msg = str(e) if str(e).startswith("not available yet") else f"{type(e).__name__}: {e}"
+    return msg[:300]
+
+
+def w_resume(p: dict) -> list[ms.Metric]:
+    spec = _spec(p)
+    path = ensure_data(spec)[0]
+
+    def first_batch(step: int) -> None:
+        ds = _rx().open_dataset(path)
+        windows = _api("TokenWindows")(ds, "tokens", dg.SEQ_LEN)
+        with _api("Loader")(windows, dg.TOKEN_BATCH, seed=0, start_step=step) as loader:
+            next(iter(loader))
+
+    return ms.resume_series(
+        "resume",
+        first_batch,
+        dg.RESUME_STEPS,
+        dg.step_label,
+        int(p.get("repeats", 3)),
+        "open + Loader(start_step) + 1 batch",
+    )
+
+
+def w_resume_mix(p: dict) -> list[ms.Metric]:
+    """A 4-source mixture over the LM corpus (the same dataset seen as four sources)."""
+    spec = _spec(p)
+    path = ensure_data(spec)[0]
+
+    def first_batch(step: int) -> None:
+        ds = _rx().open_dataset(path)
+        win = _api("TokenWindows")
+        sources = {f"s{k}": win(ds, "tokens", dg.SEQ_LEN) for k in range(4)}
+        phase = _api("Phase")(weights={"s0": 0.4, "s1": 0.3, "s2": 0.2, "s3": 0.1})
+        mix = _api("Mixture")(sources, [phase])
+        with _api("Loader")(mix, dg.TOKEN_BATCH, seed=0, start_step=step) as loader:
+            next(iter(loader))
+
+    return ms.resume_series(
+        "resume_mix",
+        first_batch,
+        dg.RESUME_STEPS,
+        dg.step_label,
+        int(p.get("repeats", 3)),
+        "open + Mixture + Loader(start_step) + 1 batch",
+    )
+
+
+def w_startup(p: dict) -> list[ms.Metric]:
+    spec = _spec(p)
+    rx = _rx()
+    root = dg.data_dir(spec, SYSTEM) / "startup-1000"
+    if not (root / "manifest.json").exists():
+        docs = list(dg.iter_documents(spec, max_tokens=4000 * 1000))
+        with rx.DatasetWriter(root, rx.Schema.parse(LM_SCHEMA), shard_bytes=1, overwrite=True) as w:
+            for k in range(1000):  # shard_bytes=1: every record closes its own shard
+                w.write({"tokens": docs[k % len(docs)]})
+
+    def run() -> None:
+        ds = rx.open_dataset(root)
+        _ = np.array(ds[len(ds) - 1]["tokens"])
+
+    t = ms.median_seconds(run, int(p.get("repeats", 3)))
+    n = len(rx.open_dataset(root).shards)
+    return [
+        ms.metric(
+            "startup", f"open_dataset ({n} shards) + 1 record", t, "s", higher_is_better=False
+        )
+    ]
+
+
+def versions() -> dict[str, str]:
+    out = {"numpy": np.__version__}
+    try:
+        out["roxxel"] = _rx().__version__
+    except Exception as e:
+        out["roxxel"] = f"unavailable ({e})"[:120]
+    return out
+
+
+WORKLOADS = {
+    "write_lm": w_write_lm,
+    "write_images": w_write_images,
+    "read_single": w_read_single,
+    "read_batch_warm": lambda p: w_read_batch(p, cold=False),
+    "read_batch_cold": lambda p: w_read_batch(p, cold=True),
+    "train_tokens": w_train_tokens,
+    "train_images": w_train_images,
+    "resume": w_resume,
+    "resume_mix": w_resume_mix,
+    "startup": w_startup,
+}
+
+if __name__ == "__main__":
+    raise SystemExit(ms.worker_main(WORKLOADS, versions))

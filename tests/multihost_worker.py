@@ -1,0 +1,99 @@
+"""One process of a real multi-host run of roxxel.device, started by tests/test_multihost.py.
+
+Usage: python multihost_worker.py PORT NUM_PROCESSES PROCESS_ID OUT_JSON, with XLA_FLAGS
+(--xla_force_host_platform_device_count) and JAX_PLATFORMS=cpu set by the parent.
+
+Each process joins a `jax.distributed` job on localhost (CPU devices, gloo collectives), and
+for every layout builds its `RowPlan`, "reads" exactly `plan.rows` from a deterministic
+generator (row r, column j holds r * 100 + j), places them, and checks the global array three
+ways: its own shards against the reference, a gather of the whole batch to every process, and
+a jitted sum computed across processes. It writes what it read and what it found as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from roxxel.device import RowPlan, batch_sharding, place
+
+LAYOUTS = ("dp", "dp_strided", "fsdp", "dp_tp", "seq", "tp_across")
+WIDTH = 8  # columns per row; the sequence layout splits them over 2 devices
+
+
+def reference_rows(rows: np.ndarray) -> np.ndarray:
+    """The generator: any process computes any row on its own, as a reader would."""
+    return (rows[:, None] * 100 + np.arange(WIDTH)).astype(np.float32)
+
+
+def _mesh_and_spec(layout: str, num_processes: int) -> tuple[Mesh, P]:
+    devices = np.array(sorted(jax.devices(), key=lambda d: (d.process_index, d.id)))
+    total = devices.size
+    if layout == "dp":
+        return Mesh(devices, ("data",)), P("data")
+    if layout == "dp_strided":  # data shards alternate between processes: rows with gaps
+        return Mesh(devices.reshape(num_processes, -1).T.reshape(-1), ("data",)), P("data")
+    if layout == "fsdp":
+        return Mesh(devices.reshape(2, total // 2), ("data", "fsdp")), P(("data", "fsdp"))
+    if layout == "dp_tp":  # the model axis pairs two devices of one process
+        return Mesh(devices.reshape(total // 2, 2), ("data", "model")), P("data")
+    if layout == "seq":
+        return Mesh(devices.reshape(total // 2, 2), ("data", "seq")), P("data", "seq")
+    # tp_across: the model axis spans the processes, so every process holds every row
+    grid = devices.reshape(num_processes, total // num_processes).T
+    return Mesh(grid, ("data", "model")), P("data")
+
+
+def run_layout(layout: str, num_processes: int) -> dict:
+    """Plan, read, place and check one layout; the result as plain JSON values."""
+    mesh, spec = _mesh_and_spec(layout, num_processes)
+    global_shape = (2 * jax.device_count(), WIDTH)
+    ref = reference_rows(np.arange(global_shape[0]))
+    plan = RowPlan.for_sharding(batch_sharding(mesh, spec), global_shape)
+    host = reference_rows(plan.rows)  # the "read": exactly the planned rows, once each
+    arr = place(plan, host)
+    local_ok = all(
+        np.array_equal(np.asarray(shard.data), ref[shard.index]) for shard in arr.addressable_shards
+    )
+    gathered = np.asarray(multihost_utils.process_allgather(arr, tiled=True))
+    total = jax.jit(lambda x: x.sum(), out_shardings=NamedSharding(mesh, P()))(arr)
+    return {
+        "rows": plan.rows.tolist(),
+        "rows_read": len(host),
+        "num_local_devices": len(plan.slices),
+        "local_ok": bool(local_ok),
+        "gather_ok": bool(np.array_equal(gathered, ref)),
+        "checksum_ok": float(total.addressable_data(0)) == float(ref.sum()),
+    }
+
+
+def main(argv: list[str]) -> int:
+    port, num_processes, process_id = (int(a) for a in argv[:3])
+    out_path = argv[3]
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        f"127.0.0.1:{port}", num_processes, process_id, initialization_timeout=60
+    )
+    try:
+        report = {"process_id": jax.process_index(), "num_devices": jax.device_count()}
+        report["layouts"] = {name: run_layout(name, num_processes) for name in LAYOUTS}
+        with open(out_path, "w") as f:
+            json.dump(report, f)
+    finally:
+        jax.distributed.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except Exception:
+        traceback.print_exc()
+        sys.exit(1)

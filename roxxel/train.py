@@ -162,7 +162,9 @@ def _flatten(tree: Any, root: str) -> dict[str, Any]:
     out = {}
     for path, leaf in leaves:
         keys = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path]
-        out["/".join(keys) or root] = leaf
+        if root and not isinstance(tree, Mapping):
+            keys.insert(0, root)
+        out["/".join(keys)] = leaf
     return out
 
 

@@ -1,0 +1,373 @@
+"""Tests of roxxel.train.fit and roxxel.metrics: resume, preemption, crashes, NaN, logging.
+
+A tiny fake loader (batches are a pure function of the step) stands in for roxxel.Loader,
+so these tests exercise only the loop. Runs that must die for real (kill -9, SIGTERM) run
+this file as a subprocess worker: ``python tests/test_train.py OUT NUM_STEPS SAVE_EVERY GATE``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import roxxel
+from roxxel.checkpoint import CheckpointConfig, Checkpointer
+from roxxel.errors import ConfigError
+from roxxel.metrics import MetricsLogger
+from roxxel.train import TrainConfig, fit, split_step_output
+
+W_TRUE = np.array([1.0, -2.0, 3.0, 0.5], np.float32)
+
+
+class FakeLoader:
+    """Batches as a pure function of the step; optional hooks at chosen steps.
+
+    gate: at that step, print ``gate <step>`` and wait for a line on stdin (the test decides
+    what happens to the process meanwhile). poison: at that step, the batch holds a NaN.
+    odd: at that step, the batch has a different shape. signal_at: send SIGTERM to self.
+    """
+
+    def __init__(self, gate: int = -1, poison: int = -1, odd: int = -1, signal_at: int = -1):
+        self.step = 0
+        self.hooks = {"gate": gate, "poison": poison, "odd": odd, "signal": signal_at}
+
+    def __iter__(self) -> FakeLoader:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        step, self.step = self.step, self.step + 1
+        if step == self.hooks["gate"]:
+            print(f"gate {step}", flush=True)
+            sys.stdin.readline()
+        if step == self.hooks["signal"]:
+            os.kill(os.getpid(), signal.SIGTERM)
+        rows = 5 if step == self.hooks["odd"] else 8
+        x = np.random.default_rng(step).normal(size=(rows, 4)).astype(np.float32)
+        if step == self.hooks["poison"]:
+            x[0, 0] = np.nan
+        return {"x": x, "y": x @ W_TRUE}
+
+    def state(self) -> dict[str, Any]:
+        return {"step": self.step}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+
+
+def init_state() -> dict[str, jax.Array]:
+    return {"w": jnp.zeros(4, jnp.float32), "n": jnp.zeros((), jnp.int32)}
+
+
+def step_fn(state: dict[str, jax.Array], batch: dict[str, Any]) -> Any:
+    if batch["x"].shape[0] != 8:
+        raise ValueError(f"step: bad batch shape {batch['x'].shape}")
+
+    def loss_fn(w: jax.Array) -> jax.Array:
+        return jnp.mean((batch["x"] @ w - batch["y"]) ** 2)
+
+    loss, grad = jax.value_and_grad(loss_fn)(state["w"])
+    new = {"w": state["w"] - 0.05 * grad, "n": state["n"] + 1}
+    return new, (loss, {"batch_sum": jnp.sum(batch["x"]), "n": new["n"]})
+
+
+def config(out: Path, **kw: Any) -> TrainConfig:
+    return TrainConfig(**{"num_steps": 20, "out_dir": out, "log_every": 1, "console": False, **kw})
+
+
+def read_log(out: Path) -> tuple[dict[int, list[dict[str, Any]]], list[dict[str, Any]]]:
+    """Metric records by step (a step run twice appears twice) and event records."""
+    steps: dict[int, list[dict[str, Any]]] = {}
+    events = []
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        record.pop("time")
+        if "event" in record:
+            events.append(record)
+        else:
+            steps.setdefault(record["step"], []).append(record)
+    return steps, events
+
+
+# ---- loss unpacking ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("out", "expected"),
+    [
+        ((0, 1.5), {"loss": 1.5}),
+        ((0, (1.5, 2.0)), {"loss": 1.5, "aux": 2.0}),
+        ((0, (1.5, {"acc": 0.5})), {"loss": 1.5, "acc": 0.5}),
+        ((0, (1.5, None)), {"loss": 1.5}),
+        ((0, {"acc": 0.5, "loss": 1.5, "x": {"y": 1}}), {"loss": 1.5, "acc": 0.5, "x/y": 1}),
+    ],
+)
+def test_split_step_output_accepts_every_form(out: Any, expected: dict[str, Any]) -> None:
+    state, metrics = split_step_output(out)
+    assert state == 0
+    assert metrics == expected
+    assert next(iter(metrics)) == "loss"
+
+
+def test_split_step_output_rejects_bad_forms() -> None:
+    with pytest.raises(TypeError, match="expected \\(state, loss\\)"):
+        split_step_output(1.5)
+    with pytest.raises(ConfigError, match="lack 'loss'"):
+        split_step_output((0, {"acc": 1.0}))
+    with pytest.raises(ConfigError, match="'loss' is not a scalar"):
+        split_step_output((0, np.ones(3)))
+    with pytest.raises(ConfigError, match="'aux/0' is not a scalar"):
+        split_step_output((0, (1.0, [np.ones(2)])))
+
+
+@pytest.mark.parametrize("form", ["loss", "tuple", "dict"])
+def test_fit_logs_loss_and_aux_for_each_form(tmp_path: Path, form: str) -> None:
+    def step(state: Any, batch: Any) -> Any:
+        new, (loss, aux) = step_fn(state, batch)
+        if form == "loss":
+            return new, loss
+        return new, (loss, aux) if form == "tuple" else {"loss": loss, **aux}
+
+    result = fit(step, init_state(), FakeLoader(), config=config(tmp_path, num_steps=6))
+    steps, _ = read_log(tmp_path)
+    assert sorted(steps) == list(range(6))
+    keys = {"step", "loss"} | (set() if form == "loss" else {"batch_sum", "n"})
+    assert set(steps[5][0]) == keys
+    assert steps[5][0]["loss"] == result.metrics["loss"]
+    assert steps[0][0]["loss"] > steps[5][0]["loss"]
+
+
+def test_config_rejects_bad_values(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="num_steps is negative"):
+        TrainConfig(num_steps=-1, out_dir=tmp_path)
+    with pytest.raises(ConfigError, match="log_every"):
+        TrainConfig(num_steps=1, out_dir=tmp_path, log_every=0)
+    with pytest.raises(ConfigError, match="on_nonfinite"):
+        TrainConfig(num_steps=1, out_dir=tmp_path, on_nonfinite="ignore")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="max_to_keep"):
+        TrainConfig(num_steps=1, out_dir=tmp_path, max_to_keep=0)
+
+
+# ---- checkpoints and resume -------------------------------------------------------------
+
+
+def test_fit_resumes_in_process_with_the_same_losses(tmp_path: Path) -> None:
+    whole = fit(step_fn, init_state(), FakeLoader(), config=config(tmp_path / "a"))
+    first = fit(step_fn, init_state(), FakeLoader(), config=config(tmp_path / "b", num_steps=7))
+    assert (first.status, first.step) == ("completed", 7)
+    second = fit(step_fn, init_state(), FakeLoader(), config=config(tmp_path / "b"))
+    assert (second.start_step, second.step) == (7, 20)
+    np.testing.assert_array_equal(whole.state["w"], second.state["w"])
+    assert int(second.state["n"]) == 20
+    assert read_log(tmp_path / "a")[0] == read_log(tmp_path / "b")[0]
+
+
+def test_fit_keeps_max_to_keep_checkpoints(tmp_path: Path) -> None:
+    cfg = config(tmp_path, num_steps=11, save_every=2, max_to_keep=2)
+    result = fit(step_fn, init_state(), FakeLoader(), config=cfg)
+    with Checkpointer(CheckpointConfig(result.checkpoint_dir)) as ckpt:
+        assert ckpt.all_steps() == [10, 11]
+    assert len(result.save_seconds) == 6
+    assert all(s >= 0 for s in result.save_seconds)
+
+
+def test_fit_of_a_finished_run_returns_at_once(tmp_path: Path) -> None:
+    fit(step_fn, init_state(), FakeLoader(), config=config(tmp_path, num_steps=4))
+    again = fit(step_fn, init_state(), FakeLoader(), config=config(tmp_path, num_steps=4))
+    assert (again.status, again.start_step, again.step, again.save_seconds) == (
+        "completed",
+        4,
+        4,
+        (),
+    )
+
+
+def test_fit_stops_when_the_loader_ends(tmp_path: Path) -> None:
+    class Short(FakeLoader):
+        def __next__(self) -> dict[str, np.ndarray]:
+            if self.step == 5:
+                raise StopIteration
+            return super().__next__()
+
+    result = fit(step_fn, init_state(), Short(), config=config(tmp_path))
+    assert (result.status, result.step) == ("exhausted", 5)
+    with Checkpointer(CheckpointConfig(result.checkpoint_dir)) as ckpt:
+        assert ckpt.latest_step() == 5
+
+
+# ---- preemption, crashes, NaN -----------------------------------------------------------
+
+
+def test_sigterm_in_process_finishes_the_step_saves_and_returns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = config(tmp_path, console=True)
+    result = fit(step_fn, init_state(), FakeLoader(signal_at=6), config=cfg)
+    assert (result.status, result.step) == ("preempted", 7)
+    err = capsys.readouterr().err
+    assert "roxxel: preempted by SIGTERM at step 7" in err
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    with Checkpointer(CheckpointConfig(result.checkpoint_dir)) as ckpt:
+        assert ckpt.latest_step() == 7
+        assert ckpt.restore(init_state()).loader_state == {"step": 7}
+
+
+def test_exception_in_step_logs_traceback_after_all_queued_metrics(tmp_path: Path) -> None:
+    cfg = config(tmp_path, metrics_lag=4, save_every=3)
+    with pytest.raises(ValueError, match="bad batch shape"):
+        fit(step_fn, init_state(), FakeLoader(odd=7), config=cfg)
+    steps, events = read_log(tmp_path)
+    assert sorted(steps) == list(range(7))
+    assert events[-1]["event"] == "crash"
+    assert "bad batch shape" in events[-1]["traceback"]
+    assert "Traceback" in (tmp_path / "crash-p0.log").read_text()
+
+
+def test_nonfinite_loss_stops_after_saving_the_last_good_state(tmp_path: Path) -> None:
+    cfg = config(tmp_path / "bad", save_every=4, metrics_lag=3)
+    with pytest.raises(FloatingPointError, match="not finite at step 9 \\(nan"):
+        fit(step_fn, init_state(), FakeLoader(poison=9), config=cfg)
+    good = fit(step_fn, init_state(), FakeLoader(), config=config(tmp_path / "good", num_steps=9))
+    with Checkpointer(CheckpointConfig(tmp_path / "bad" / "checkpoints")) as ckpt:
+        assert ckpt.all_steps() == [4, 8, 9]
+        restored = ckpt.restore(init_state())
+    assert restored.loader_state == {"step": 9}
+    np.testing.assert_array_equal(restored.state["w"], good.state["w"])
+    steps, events = read_log(tmp_path / "bad")
+    assert sorted(steps) == list(range(9))
+    assert [e["event"] for e in events][-2:] == ["nonfinite", "crash"]
+
+
+def test_nonfinite_loss_is_skipped_when_asked(tmp_path: Path) -> None:
+    cfg = config(tmp_path, on_nonfinite="skip")
+    result = fit(step_fn, init_state(), FakeLoader(poison=3), config=cfg)
+    assert (result.status, result.step, result.num_skipped) == ("completed", 20, 1)
+    assert int(result.state["n"]) == 19
+    assert np.all(np.isfinite(result.state["w"]))
+    _, events = read_log(tmp_path)
+    assert [e["step"] for e in events if e["event"] == "skipped"] == [3]
+
+
+# ---- real processes: kill -9 and SIGTERM ------------------------------------------------
+
+
+def start_worker(out: Path, gate: int = -1, num_steps: int = 30) -> subprocess.Popen[str]:
+    root = str(Path(roxxel.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    argv = [sys.executable, __file__, str(out), str(num_steps), "5", str(gate)]
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def run_worker(out: Path, gate: int = -1) -> dict[str, Any]:
+    proc = start_worker(out, gate)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    return json.loads(stdout.splitlines()[-1])
+
+
+def wait_for_gate(proc: subprocess.Popen[str], gate: int) -> None:
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == f"gate {gate}"
+
+
+def assert_same_steps(out: Path, reference: Path) -> None:
+    steps, _ = read_log(out)
+    ref, _ = read_log(reference)
+    assert sorted(steps) == sorted(ref)
+    for step, records in steps.items():
+        assert all(r == ref[step][0] for r in records), step
+
+
+def test_kill_9_mid_run_resumes_from_the_last_checkpoint_like_an_uninterrupted_run(
+    tmp_path: Path,
+) -> None:
+    reference = run_worker(tmp_path / "ref")
+    proc = start_worker(tmp_path / "run", gate=14)
+    wait_for_gate(proc, 14)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    with Checkpointer(CheckpointConfig(tmp_path / "run" / "checkpoints")) as ckpt:
+        last = ckpt.latest_step()
+    assert last in (5, 10)  # 5 is committed before 10 starts; 10 may or may not be
+    resumed = run_worker(tmp_path / "run")
+    assert (resumed["start"], resumed["step"], resumed["status"]) == (last, 30, "completed")
+    assert resumed["w"] == reference["w"]
+    assert_same_steps(tmp_path / "run", tmp_path / "ref")
+
+
+def test_sigterm_saves_exits_zero_and_a_restart_continues(tmp_path: Path) -> None:
+    reference = run_worker(tmp_path / "ref")
+    proc = start_worker(tmp_path / "run", gate=12)
+    wait_for_gate(proc, 12)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate("\n", timeout=60)
+    assert proc.returncode == 0, stderr
+    assert json.loads(stdout.splitlines()[-1])["status"] == "preempted"
+    assert "roxxel: preempted by SIGTERM at step 13" in stderr
+    resumed = run_worker(tmp_path / "run")
+    assert (resumed["start"], resumed["step"]) == (13, 30)
+    assert resumed["w"] == reference["w"]
+    assert_same_steps(tmp_path / "run", tmp_path / "ref")
+
+
+# ---- the metrics logger on its own ------------------------------------------------------
+
+
+def test_logger_writes_only_on_process_0_but_every_process_keeps_its_crash_file(
+    tmp_path: Path,
+) -> None:
+    console = io.StringIO()
+    with MetricsLogger(tmp_path, process_index=1, console=console) as logger:
+        logger.log(0, {"loss": 1.0})
+        logger.crash(RuntimeError("boom"), step=0)
+    assert not (tmp_path / "metrics.jsonl").exists()
+    assert "boom" in (tmp_path / "crash-p1.log").read_text()
+    assert console.getvalue() == ""
+
+
+def test_logger_flushes_a_full_queue_before_the_exception_continues(tmp_path: Path) -> None:
+    console = io.StringIO()
+    with (
+        pytest.raises(KeyboardInterrupt),
+        MetricsLogger(tmp_path, console=console, num_steps=500, queue_size=4) as logger,
+    ):
+        for step in range(500):
+            logger.log(step, {"loss": 1.0 / (step + 1)})
+        raise KeyboardInterrupt
+    steps, events = read_log(tmp_path)
+    assert sorted(steps) == list(range(500))
+    assert events[-1]["event"] == "crash"
+    assert "KeyboardInterrupt" in events[-1]["traceback"]
+    assert console.getvalue().splitlines()[-2].startswith("step 499/500  loss 0.0020")
+
+
+def worker_main(argv: list[str]) -> None:
+    out, num_steps, save_every, gate = Path(argv[0]), *map(int, argv[1:])
+    cfg = TrainConfig(
+        num_steps=num_steps, out_dir=out, save_every=save_every, log_every=1, console=True
+    )
+    result = fit(step_fn, init_state(), FakeLoader(gate=gate), config=cfg)
+    summary = {"status": result.status, "step": result.step, "start": result.start_step}
+    print(json.dumps({**summary, "w": np.asarray(result.state["w"]).tolist()}), flush=True)
+
+
+if __name__ == "__main__":
+    worker_main(sys.argv[1:])

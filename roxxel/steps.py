@@ -1,0 +1,262 @@
+"""Which records each step of a loader reads: a pure function of (configuration, seed, step).
+
+A `BatchPlan` answers, for a step and the rows of the global batch this process holds, which
+source and record fills each row (`pick`), then reads them into host buffers (`fill`). A
+single source maps position p = step * B + row to ``order.records_for_draws(n, p)``; a
+`Mixture` maps positions itself with ``locate``. Nothing here depends on earlier steps, so
+any step costs the same to compute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import numpy as np
+
+from roxxel import order
+from roxxel.errors import ConfigError
+from roxxel.pipeline import Layout
+from roxxel.views import Source, as_source
+
+__all__ = ["BatchPlan", "Pick", "plan_for"]
+
+Extras = Mapping[str, tuple[tuple[int, ...], np.dtype]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Pick:
+    """What one step reads.
+
+    Attributes:
+        num_valid: rows [0, num_valid) of the global batch hold data; the rest is padding.
+        num_read: leading rows of this process's block that hold data.
+        source_ids: int32 (num_read,), the source of each of those rows.
+        records: int64 (num_read,), the record (item) index within its source.
+    """
+
+    num_valid: int
+    num_read: int
+    source_ids: np.ndarray
+    records: np.ndarray
+
+
+class BatchPlan(Protocol):
+    """The loader's view of its order (see the module docstring)."""
+
+    def batch_size_at(self, step: int) -> int: ...
+
+    def num_steps(self) -> int | None: ...
+
+    def pick(self, step: int, rows: np.ndarray) -> Pick | None: ...
+
+    def fill(self, pick: Pick, host: Mapping[str, np.ndarray]) -> None: ...
+
+    def advise(self, pick: Pick) -> None: ...
+
+    def layout(self, extras: Extras) -> Layout: ...
+
+    def fingerprint_json(self) -> dict[str, Any]: ...
+
+
+def plan_for(
+    source: Any, batch_size: int | None, config: Any, *, seed: int, shuffle: bool
+) -> BatchPlan:
+    """The plan for a source (a Mixture or anything `views.as_source` accepts).
+
+    Raises:
+        ConfigError: a bad batch size, or mixture sources whose fields differ.
+    """
+    kwargs = {"fields": config.fields, "max_len": config.max_len}
+    if _is_mixture(source):
+        sources = [as_source(s, **kwargs) for s in source.sources]
+        return MixturePlan(source, sources, batch_size, drop=config.final_batch == "drop")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ConfigError(f"loader: batch_size ({batch_size!r}, expected an int >= 1)")
+    single = as_source(source, **kwargs)
+    return SinglePlan(
+        single, batch_size, config.num_epochs, config.final_batch == "drop", (seed, shuffle)
+    )
+
+
+def _is_mixture(source: Any) -> bool:
+    return all(hasattr(source, name) for name in ("locate", "sources", "batch_size_at"))
+
+
+def _end_or_valid(num_valid: int, batch_size: int, drop: bool) -> bool:
+    """True when a step with `num_valid` real rows is past the end of the stream."""
+    return num_valid == 0 or (drop and num_valid < batch_size)
+
+
+def _zero_tail(host: Mapping[str, np.ndarray], names: tuple[str, ...], start: int) -> None:
+    for name in names:
+        host[name][start:] = 0
+
+
+def _source_layout(source: Source, extras: Extras, where: str) -> Layout:
+    spec = dict(source.layout)
+    clash = sorted(set(spec) & set(extras))
+    if clash:
+        raise ConfigError(
+            f"{where}: source fields clash with loader fields ({clash}, expected other names)"
+        )
+    return Layout.of({**spec, **extras})
+
+
+class SinglePlan:
+    """One source, ``num_epochs`` passes (None: forever), a keyed shuffle per epoch."""
+
+    def __init__(
+        self,
+        source: Source,
+        batch_size: int,
+        num_epochs: int | None,
+        drop: bool,
+        keys: tuple[int, bool],
+    ) -> None:
+        self.source, self.batch_size, self.num_epochs, self.drop = (
+            source,
+            batch_size,
+            num_epochs,
+            drop,
+        )
+        self.seed, self.shuffle = keys
+        self.num_items = len(source)
+        self._names = tuple(source.layout)
+
+    def batch_size_at(self, step: int) -> int:
+        return self.batch_size
+
+    def num_steps(self) -> int | None:
+        if self.num_epochs is None:
+            return None if self.num_items else 0
+        total = self.num_epochs * self.num_items
+        return total // self.batch_size if self.drop else -(-total // self.batch_size)
+
+    def pick(self, step: int, rows: np.ndarray) -> Pick | None:
+        start = step * self.batch_size
+        total = None if self.num_epochs is None else self.num_epochs * self.num_items
+        if self.num_items == 0:
+            return None
+        num_valid = (
+            self.batch_size if total is None else max(0, min(self.batch_size, total - start))
+        )
+        if _end_or_valid(num_valid, self.batch_size, self.drop):
+            return None
+        num_read = int(np.searchsorted(rows, num_valid))
+        draws = start + rows[:num_read].astype(np.int64)
+        records = order.records_for_draws(
+            self.num_items, draws, seed=self.seed, source=0, shuffle=self.shuffle
+        )
+        return Pick(
+            num_valid, num_read, np.zeros(num_read, np.int32), np.asarray(records, np.int64)
+        )
+
+    def fill(self, pick: Pick, host: Mapping[str, np.ndarray]) -> None:
+        self.source.read(pick.records, {name: host[name][: pick.num_read] for name in self._names})
+        _zero_tail(host, self._names, pick.num_read)
+
+    def advise(self, pick: Pick) -> None:
+        self.source.advise(pick.records)
+
+    def layout(self, extras: Extras) -> Layout:
+        return _source_layout(self.source, extras, "loader")
+
+    def fingerprint_json(self) -> dict[str, Any]:
+        return {
+            "kind": "single",
+            "batch_size": self.batch_size,
+            "num_items": self.num_items,
+            "shuffle": self.shuffle,
+            "num_epochs": self.num_epochs,
+            "source": self.source.fingerprint(),
+        }
+
+
+class MixturePlan:
+    """Sources blended by a `roxxel.Mixture`: positions map through ``mixture.locate``.
+
+    Every source must have the same fields (names, per-row shapes, dtypes). Rows are read
+    source by source into a scratch block and scattered into the batch.
+    """
+
+    def __init__(
+        self, mixture: Any, sources: list[Source], batch_size: int | None, drop: bool
+    ) -> None:
+        self.mixture, self.sources, self.drop = mixture, sources, drop
+        first = mixture.batch_size_at(0)
+        if batch_size is not None and batch_size != first:
+            raise ConfigError(
+                f"loader: batch_size for a Mixture ({batch_size}, expected None or the "
+                f"mixture's batch size at step 0, {first})"
+            )
+        layouts = [Layout.of(s.layout) for s in sources]
+        if any(other != layouts[0] for other in layouts[1:]):
+            found = [dict(lay.spec()) for lay in layouts]
+            raise ConfigError(
+                f"loader: mixture sources have different fields ({found}, expected one layout)"
+            )
+        self._names = layouts[0].names
+        self._scratch: dict[int, dict[str, np.ndarray]] = {}
+
+    def batch_size_at(self, step: int) -> int:
+        return int(self.mixture.batch_size_at(step))
+
+    def num_steps(self) -> int | None:
+        return None
+
+    def pick(self, step: int, rows: np.ndarray) -> Pick | None:
+        batch_size = self.batch_size_at(step)
+        start = int(self.mixture.position_at(step))
+        source_ids, records = self.mixture.locate(start, start + batch_size)
+        num_valid = len(source_ids)
+        if _end_or_valid(num_valid, batch_size, self.drop):
+            return None
+        num_read = int(np.searchsorted(rows, num_valid))
+        chosen = rows[:num_read]
+        return Pick(
+            num_valid,
+            num_read,
+            np.asarray(source_ids, np.int32)[chosen],
+            np.asarray(records, np.int64)[chosen],
+        )
+
+    def fill(self, pick: Pick, host: Mapping[str, np.ndarray]) -> None:
+        present = np.unique(pick.source_ids)
+        if len(present) == 1:
+            only = self.sources[int(present[0])]
+            only.read(pick.records, {name: host[name][: pick.num_read] for name in self._names})
+        else:
+            scratch = self._scratch_for(pick.num_read)
+            for source_id in present.tolist():
+                where = np.flatnonzero(pick.source_ids == source_id)
+                part = {name: scratch[name][: len(where)] for name in self._names}
+                self.sources[source_id].read(pick.records[where], part)
+                for name in self._names:
+                    host[name][where] = part[name]
+        _zero_tail(host, self._names, pick.num_read)
+
+    def advise(self, pick: Pick) -> None:
+        for source_id in np.unique(pick.source_ids).tolist():
+            self.sources[source_id].advise(pick.records[pick.source_ids == source_id])
+
+    def layout(self, extras: Extras) -> Layout:
+        return _source_layout(self.sources[0], extras, "loader (mixture)")
+
+    def fingerprint_json(self) -> dict[str, Any]:
+        return {
+            "kind": "mixture",
+            "mixture": self.mixture.fingerprint(),
+            "sources": [s.fingerprint() for s in self.sources],
+        }
+
+    def _scratch_for(self, num_rows: int) -> dict[str, np.ndarray]:
+        scratch = self._scratch.get(num_rows)
+        if scratch is None:
+            spec = self.sources[0].layout
+            scratch = {
+                name: np.empty((num_rows, *shape), dtype) for name, (shape, dtype) in spec.items()
+            }
+            self._scratch = {num_rows: scratch}
+        return scratch

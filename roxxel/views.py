@@ -1,0 +1,324 @@
+"""Loader sources over a dataset: whole records, or token windows over a 1-D field.
+
+A source is anything with ``len()`` (number of items), ``layout`` (per-row shape and dtype
+of each output field), ``read(indices, out)`` (fill preallocated arrays, rows first),
+``advise(indices)`` (ask the kernel to read ahead the pages those items live on) and
+``fingerprint()`` (a hex string naming the content and the parameters, for resume checks).
+`Records` and `TokenWindows` are the two built in; `as_source` turns a `Dataset` into
+`Records`. Sources never import jax and hold no per-batch state, so one pipeline thread can
+read them while another thread builds the order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from roxxel.errors import ConfigError
+
+__all__ = ["Records", "Source", "TokenWindows", "as_source", "fingerprint_of"]
+
+Shape = tuple[int, ...]
+LayoutSpec = dict[str, tuple[Shape, np.dtype]]
+
+
+@runtime_checkable
+class Source(Protocol):
+    """What the loader reads from (see the module docstring)."""
+
+    @property
+    def layout(self) -> LayoutSpec: ...
+
+    def __len__(self) -> int: ...
+
+    def read(self, indices: np.ndarray, out: Mapping[str, np.ndarray]) -> None: ...
+
+    def advise(self, indices: np.ndarray) -> None: ...
+
+    def fingerprint(self) -> str: ...
+
+
+def fingerprint_of(value: Any) -> str:
+    """A short stable hex digest of a JSON-able value.
+
+    >>> fingerprint_of({"a": 1}) == fingerprint_of({"a": 1})
+    True
+    """
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def as_source(
+    obj: Any, *, fields: Sequence[str] | None = None, max_len: Mapping[str, int] | None = None
+) -> Source:
+    """`obj` itself when it already is a source, else `Records` over it (a `Dataset`).
+
+    Raises:
+        ConfigError: `obj` is neither a source nor a dataset.
+    """
+    if isinstance(obj, Source):
+        return obj
+    if hasattr(obj, "get_batch") and hasattr(obj, "schema"):
+        return Records(obj, fields=fields, max_len=max_len)
+    raise ConfigError(
+        f"loader source: unsupported object ({type(obj).__name__}, expected a Dataset, "
+        "Records, TokenWindows, Mixture or an object with layout/read/advise/fingerprint)"
+    )
+
+
+class Records:
+    """Every record of a dataset, with all its fields or the ones named.
+
+    Fixed-shape fields come out as ``(B, *shape)``. A variable field is padded with zeros to
+    ``max_len[name]`` along its leading dimension, with ``"<name>.length"`` (int64) beside
+    it; ``bytes`` and ``str`` fields are uint8 the same way. A record longer than its
+    ``max_len`` is an error of the dataset reader, not truncated silently.
+
+    Raises:
+        ConfigError: an unknown field, or a variable field without a positive ``max_len``.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        fields: Sequence[str] | None = None,
+        max_len: Mapping[str, int] | None = None,
+    ) -> None:
+        self.dataset = dataset
+        self.fields = dataset.schema.select(None if fields is None else list(fields))
+        self.max_len = dict(max_len or {})
+        self._layout = _record_layout(self.fields, self.max_len)
+
+    @property
+    def layout(self) -> LayoutSpec:
+        return dict(self._layout)
+
+    def __len__(self) -> int:
+        return int(self.dataset.num_records)
+
+    def read(self, indices: np.ndarray, out: Mapping[str, np.ndarray]) -> None:
+        """Fill ``out[name][:len(indices)]`` with the records at `indices` (global indices)."""
+        names = [f.name for f in self.fields]
+        filled = self.dataset.get_batch(indices, names, out=dict(out))
+        for name, array in out.items():
+            if filled[name] is not array:
+                raise ConfigError(
+                    f"views.Records: field {name!r} does not fit its buffer ({filled[name].shape} "
+                    f"read, expected {array.shape}; is a record longer than max_len?)"
+                )
+
+    def advise(self, indices: np.ndarray) -> None:
+        """Read-ahead hint (MADV_WILLNEED) for the pages of these records' fixed-shape fields."""
+        fixed = [f for f in self.fields if not f.is_variable]
+        if not fixed or not len(indices):
+            return
+        shard_ids, local = self.dataset.locate(np.asarray(indices, dtype=np.int64))
+        for shard, i in zip(shard_ids.tolist(), local.tolist(), strict=True):
+            for field in fixed:
+                self.dataset.shard(shard).advise(
+                    field.name, i * field.unit_bytes, (i + 1) * field.unit_bytes
+                )
+
+    def fingerprint(self) -> str:
+        return fingerprint_of(
+            {
+                "kind": "records",
+                "dataset": self.dataset.fingerprint,
+                "layout": _layout_json(self._layout),
+            }
+        )
+
+
+def _record_layout(fields: Sequence[Any], max_len: Mapping[str, int]) -> LayoutSpec:
+    layout: LayoutSpec = {}
+    for field in fields:
+        if not field.is_variable:
+            layout[field.name] = (tuple(field.shape), field.dtype)
+            continue
+        length = max_len.get(field.name)
+        if not isinstance(length, int) or length < 1:
+            raise ConfigError(
+                f"views.Records: variable field {field.name!r} needs a max_len ({length!r}, "
+                "expected a positive int in max_len)"
+            )
+        layout[field.name] = ((length, *field.inner_shape), field.dtype)
+        layout[f"{field.name}.length"] = ((), np.dtype(np.int64))
+    return layout
+
+
+def _layout_json(layout: LayoutSpec) -> list[list[Any]]:
+    return [[name, list(shape), dtype.str] for name, (shape, dtype) in layout.items()]
+
+
+class TokenWindows:
+    """Fixed-length windows over the concatenation of a 1-D field across every shard.
+
+    Window i covers elements ``[i * stride, i * stride + width)`` of the stream made by
+    concatenating the field of every record in dataset order, where ``width`` is
+    ``seq_len + 1`` with ``targets=True`` (inputs are ``w[:, :-1]``, targets ``w[:, 1:]``;
+    consecutive windows share one token) and ``seq_len`` otherwise. ``stride`` defaults to
+    ``seq_len``. A window may cross record and shard boundaries; it is located in O(log S)
+    through ``dataset.element_starts`` (S shards) and copied with one slice per shard it
+    touches. The incomplete tail of the stream is not a window.
+
+    With ``document_structure=True`` each window also has ``"segment_ids"`` (int32, 1 for the
+    document the window starts in, +1 at each document start inside it; 0 never occurs, so it
+    can mean padding downstream) and ``"positions"`` (int32, 0 at the window start and at each
+    document start, +1 per token), the Megatron ``reset_position_ids`` convention. Empty
+    documents leave no trace.
+
+    Raises:
+        ConfigError: the field is not a 1-D variable-length numeric field, or seq_len/stride
+            are not positive.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        field: str,
+        seq_len: int,
+        *,
+        targets: bool = True,
+        document_structure: bool = False,
+        stride: int | None = None,
+    ) -> None:
+        self.dataset, self.field = dataset, field
+        self.seq_len, self.targets, self.document_structure = seq_len, targets, document_structure
+        self.stride = seq_len if stride is None else stride
+        self.width = seq_len + 1 if targets else seq_len
+        self._dtype = _check_token_field(dataset, field, seq_len, self.stride)
+        self._starts = np.asarray(dataset.element_starts(field), dtype=np.int64)
+        self._flats: list[np.ndarray | None] = [None] * (len(self._starts) - 1)
+        self._offsets: list[np.ndarray | None] = [None] * (len(self._starts) - 1)
+        total = int(self._starts[-1])
+        self._num_windows = 0 if total < self.width else (total - self.width) // self.stride + 1
+
+    @property
+    def layout(self) -> LayoutSpec:
+        layout: LayoutSpec = {self.field: ((self.width,), self._dtype)}
+        if self.document_structure:
+            layout["segment_ids"] = ((self.width,), np.dtype(np.int32))
+            layout["positions"] = ((self.width,), np.dtype(np.int32))
+        return layout
+
+    def __len__(self) -> int:
+        return self._num_windows
+
+    @property
+    def num_elements(self) -> int:
+        return int(self._starts[-1])
+
+    def fingerprint(self) -> str:
+        return fingerprint_of(
+            {
+                "kind": "token_windows",
+                "dataset": self.dataset.fingerprint,
+                "field": self.field,
+                "width": self.width,
+                "stride": self.stride,
+                "document_structure": self.document_structure,
+            }
+        )
+
+    def read(self, indices: np.ndarray, out: Mapping[str, np.ndarray]) -> None:
+        """Fill ``out[field][:n]`` (and the document fields) with windows ``indices``.
+
+        Raises:
+            IndexError: an index outside ``[0, len(self))``.
+        """
+        starts = self._window_starts(indices)
+        tokens = out[self.field]
+        for row, start in enumerate(starts.tolist()):
+            self._copy(start, tokens[row])
+        if self.document_structure:
+            self._document_fields(starts, out["segment_ids"], out["positions"])
+
+    def advise(self, indices: np.ndarray) -> None:
+        """Ask the kernel to read ahead the pages of these windows (advisory, never raises)."""
+        itemsize = self._dtype.itemsize
+        for start in self._window_starts(indices).tolist():
+            for shard, lo, hi in self._pieces(start):
+                self.dataset.shard(shard).advise(self.field, lo * itemsize, hi * itemsize)
+
+    def _window_starts(self, indices: np.ndarray) -> np.ndarray:
+        indices = np.asarray(indices, dtype=np.int64)
+        if indices.size and (indices.min() < 0 or indices.max() >= self._num_windows):
+            raise IndexError(
+                f"views.TokenWindows: window index out of range ({indices.min()}..{indices.max()}, "
+                f"expected [0, {self._num_windows}))"
+            )
+        return indices * self.stride
+
+    def _pieces(self, start: int) -> list[tuple[int, int, int]]:
+        """(shard, local start, local stop) of each shard the window from `start` touches."""
+        shard = int(np.searchsorted(self._starts, start, side="right")) - 1
+        pieces, position, stop = [], start, start + self.width
+        while position < stop:
+            base, end = int(self._starts[shard]), int(self._starts[shard + 1])
+            take = min(stop, end) - position
+            if take > 0:
+                pieces.append((shard, position - base, position - base + take))
+                position += take
+            shard += 1
+        return pieces
+
+    def _copy(self, start: int, dst: np.ndarray) -> None:
+        filled = 0
+        for shard, lo, hi in self._pieces(start):
+            dst[filled : filled + hi - lo] = self._flat(shard)[lo:hi]
+            filled += hi - lo
+
+    def _flat(self, shard: int) -> np.ndarray:
+        flat = self._flats[shard]
+        if flat is None:
+            flat = self._flats[shard] = self.dataset.shard(shard).flat(self.field)
+        return flat
+
+    def _doc_offsets(self, shard: int) -> np.ndarray:
+        offsets = self._offsets[shard]
+        if offsets is None:
+            raw = self.dataset.shard(shard).element_offsets(self.field)
+            offsets = self._offsets[shard] = np.asarray(raw, dtype=np.int64)
+        return offsets
+
+    def _document_fields(
+        self, starts: np.ndarray, segment_ids: np.ndarray, positions: np.ndarray
+    ) -> None:
+        n, width = len(starts), self.width
+        marks = np.zeros((n, width), dtype=bool)
+        for row, start in enumerate(starts.tolist()):
+            marks[row, self._doc_starts(start) - start] = True
+        marks[:, 0] = False
+        np.cumsum(marks, axis=1, dtype=np.int32, out=segment_ids[:n])
+        segment_ids[:n] += 1
+        columns = np.arange(width, dtype=np.int32)
+        last_start = np.where(marks, columns, 0)
+        np.maximum.accumulate(last_start, axis=1, out=last_start)
+        np.subtract(columns, last_start, out=positions[:n], casting="unsafe")
+
+    def _doc_starts(self, start: int) -> np.ndarray:
+        """Global element indices in [start, start + width) where a document begins."""
+        found = []
+        for shard, lo, hi in self._pieces(start):
+            offsets = self._doc_offsets(shard)
+            first, last = np.searchsorted(offsets, [lo, hi], side="left")
+            found.append(offsets[first:last] + self._starts[shard])
+        return np.concatenate(found) if found else np.zeros(0, np.int64)
+
+
+def _check_token_field(dataset: Any, field: str, seq_len: int, stride: int) -> np.dtype:
+    spec = dataset.schema[field]
+    if spec.kind != "array" or tuple(spec.shape) != (None,):
+        raise ConfigError(
+            f"views.TokenWindows: field {field!r} is {spec.spec} (expected a 1-D variable-length "
+            "numeric field such as int32[])"
+        )
+    for name, value in (("seq_len", seq_len), ("stride", stride)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"views.TokenWindows: {name} ({value!r}, expected an int >= 1)")
+    return np.dtype(spec.dtype)

@@ -1,0 +1,198 @@
+"""Token windows and record sources against naive references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import roxxel
+from roxxel.errors import ConfigError
+from roxxel.views import Records, TokenWindows, as_source
+
+SCHEMA = {"tokens": "int32[]", "label": "int64", "image": "uint8[2,3]", "text": "str"}
+
+
+def _docs(num_docs: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 40, num_docs)
+    lengths[::7] = 0  # empty documents must leave no trace
+    return [rng.integers(0, 50_000, n).astype(np.int32) for n in lengths]
+
+
+def _write(path, docs, shard_bytes=3000):
+    schema = roxxel.Schema.parse(SCHEMA)
+    with roxxel.DatasetWriter(path, schema, shard_bytes=shard_bytes) as writer:
+        for i, doc in enumerate(docs):
+            image = np.full((2, 3), i % 251, np.uint8)
+            writer.write({"tokens": doc, "label": i, "image": image, "text": "x" * (i % 5)})
+    return roxxel.open_dataset(path)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    docs = _docs(300, seed=0)
+    return _write(tmp_path_factory.mktemp("views"), docs), docs
+
+
+def _naive_document_fields(docs, start, width):
+    doc_of = np.concatenate([np.full(len(d), i) for i, d in enumerate(docs)])
+    ids = doc_of[start : start + width]
+    segments = np.cumsum(np.concatenate([[1], ids[1:] != ids[:-1]]))
+    positions = np.zeros(width, np.int64)
+    for j in range(1, width):
+        positions[j] = 0 if ids[j] != ids[j - 1] else positions[j - 1] + 1
+    return segments, positions
+
+
+def _read_all(windows, indices):
+    out = {k: np.full((len(indices), *s), -7, d) for k, (s, d) in windows.layout.items()}
+    windows.read(np.asarray(indices), out)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("seq_len", "targets", "stride"),
+    [(16, True, None), (16, False, None), (9, True, 4), (64, False, 64)],
+)
+def test_token_windows_equal_slices_of_the_naive_concatenation(corpus, seq_len, targets, stride):
+    ds, docs = corpus
+    flat = np.concatenate(docs)
+    windows = TokenWindows(ds, "tokens", seq_len, targets=targets, stride=stride)
+    width, step = seq_len + int(targets), stride or seq_len
+    assert len(windows) == (len(flat) - width) // step + 1
+    got = _read_all(windows, np.arange(len(windows)))["tokens"]
+    expected = np.stack([flat[i * step : i * step + width] for i in range(len(windows))])
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_token_windows_cross_shard_boundaries(corpus):
+    ds, docs = corpus
+    flat = np.concatenate(docs)
+    windows = TokenWindows(ds, "tokens", 32)
+    starts = ds.element_starts("tokens")
+    assert ds.num_shards >= 3
+    crossing = [
+        i for i in range(len(windows)) if np.any((starts > i * 32) & (starts < i * 32 + 33))
+    ]
+    assert crossing, "the fixture must have windows that cross shard boundaries"
+    got = _read_all(windows, crossing)["tokens"]
+    for row, i in enumerate(crossing):
+        np.testing.assert_array_equal(got[row], flat[i * 32 : i * 32 + 33])
+
+
+def test_segment_ids_and_positions_reset_at_document_starts(corpus):
+    ds, docs = corpus
+    windows = TokenWindows(ds, "tokens", 24, document_structure=True)
+    indices = np.arange(len(windows))[::-1]  # any order
+    out = _read_all(windows, indices)
+    assert out["segment_ids"].dtype == np.int32 and out["positions"].dtype == np.int32
+    for row, i in enumerate(indices):
+        segments, positions = _naive_document_fields(docs, int(i) * 24, 25)
+        np.testing.assert_array_equal(out["segment_ids"][row], segments)
+        np.testing.assert_array_equal(out["positions"][row], positions)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 12), min_size=1, max_size=40),
+    seq_len=st.integers(1, 20),
+    shard_bytes=st.sampled_from([64, 200, 10_000]),
+)
+def test_windows_match_naive_for_arbitrary_documents_and_shards(
+    tmp_path_factory, lengths, seq_len, shard_bytes
+):
+    docs = [np.arange(n, dtype=np.int32) + 100 * i for i, n in enumerate(lengths)]
+    ds = _write(tmp_path_factory.mktemp("prop"), docs, shard_bytes=shard_bytes)
+    flat = np.concatenate(docs)
+    windows = TokenWindows(ds, "tokens", seq_len, document_structure=True)
+    assert len(windows) == max(0, (len(flat) - seq_len - 1) // seq_len + 1)
+    if len(windows) == 0:
+        return
+    out = _read_all(windows, np.arange(len(windows)))
+    for i in range(len(windows)):
+        np.testing.assert_array_equal(
+            out["tokens"][i], flat[i * seq_len : i * seq_len + seq_len + 1]
+        )
+        segments, positions = _naive_document_fields(docs, i * seq_len, seq_len + 1)
+        np.testing.assert_array_equal(out["segment_ids"][i], segments)
+        np.testing.assert_array_equal(out["positions"][i], positions)
+
+
+def test_read_rejects_a_window_index_out_of_range(corpus):
+    windows = TokenWindows(corpus[0], "tokens", 16)
+    with pytest.raises(IndexError):
+        _read_all(windows, [len(windows)])
+    with pytest.raises(IndexError):
+        _read_all(windows, [-1])
+
+
+@pytest.mark.parametrize(
+    ("field", "seq_len", "stride"),
+    [("label", 8, None), ("text", 8, None), ("tokens", 0, None), ("tokens", 8, 0)],
+)
+def test_token_windows_reject_bad_fields_and_lengths(corpus, field, seq_len, stride):
+    with pytest.raises(ConfigError):
+        TokenWindows(corpus[0], field, seq_len, stride=stride)
+
+
+def test_fingerprints_name_content_and_parameters(corpus, tmp_path):
+    ds, docs = corpus
+    base = TokenWindows(ds, "tokens", 16).fingerprint()
+    assert base == TokenWindows(roxxel.open_dataset(ds.path), "tokens", 16).fingerprint()
+    assert base != TokenWindows(ds, "tokens", 17).fingerprint()
+    assert base != TokenWindows(ds, "tokens", 16, targets=False).fingerprint()
+    assert base != TokenWindows(ds, "tokens", 16, document_structure=True).fingerprint()
+    other = _write(tmp_path / "other", docs[:-1])
+    assert base != TokenWindows(other, "tokens", 16).fingerprint()
+    assert (
+        Records(ds, fields=["label"]).fingerprint() != Records(ds, fields=["image"]).fingerprint()
+    )
+
+
+def test_records_pad_variable_fields_to_max_len_with_lengths(corpus):
+    ds, docs = corpus
+    records = Records(ds, max_len={"tokens": 40, "text": 8})
+    layout = records.layout
+    assert layout["tokens"] == ((40,), np.dtype(np.int32))
+    assert layout["tokens.length"] == ((), np.dtype(np.int64))
+    assert layout["text"] == ((8,), np.dtype(np.uint8))
+    indices = np.array([5, 299, 0, 150, 7])
+    out = {k: np.full((5, *s), 99, d) for k, (s, d) in layout.items()}
+    records.read(indices, out)
+    for row, i in enumerate(indices):
+        n = len(docs[i])
+        assert out["tokens.length"][row] == n
+        np.testing.assert_array_equal(out["tokens"][row, :n], docs[i])
+        assert not out["tokens"][row, n:].any()
+        assert out["label"][row] == i
+        assert bytes(out["text"][row, : out["text.length"][row]]) == b"x" * (i % 5)
+    records.advise(indices)  # a hint only: must not raise or change anything
+
+
+def test_records_need_max_len_for_variable_fields(corpus):
+    with pytest.raises(ConfigError, match="max_len"):
+        Records(corpus[0], fields=["tokens"])
+    assert Records(corpus[0], fields=["label", "image"]).layout["image"] == (
+        (2, 3),
+        np.dtype(np.uint8),
+    )
+
+
+def test_records_refuse_a_record_longer_than_max_len(corpus):
+    ds, docs = corpus
+    longest = int(np.argmax([len(d) for d in docs]))
+    records = Records(ds, fields=["tokens"], max_len={"tokens": 3})
+    out = {k: np.zeros((1, *s), d) for k, (s, d) in records.layout.items()}
+    with pytest.raises(ConfigError, match="max_len"):
+        records.read(np.array([longest]), out)
+
+
+def test_as_source_wraps_a_dataset_and_passes_sources_through(corpus):
+    ds = corpus[0]
+    windows = TokenWindows(ds, "tokens", 8)
+    assert as_source(windows) is windows
+    assert isinstance(as_source(ds, fields=["label"]), Records)
+    with pytest.raises(ConfigError):
+        as_source(object())

@@ -185,3 +185,17 @@ def step_label(step: int) -> str:
         return "step 0"
     exp = len(str(step)) - 1
     return f"step 1e{exp}" if step == 10**exp else f"step {step}"
+
+
+def iter_windows(spec: DataSpec, seq_len: int = SEQ_LEN, chunk: int = 256) -> Iterator[np.ndarray]:
+    """Yield the corpus cut into disjoint windows of seq_len + 1 tokens (pre-packed records).
+
+    Peers without an O(1) window view over a token stream get the corpus in this layout, the
+    usual pre-packing for them; window k is tokens [k * (seq_len+1), (k+1) * (seq_len+1)).
+    """
+    w = seq_len + 1
+    n = num_windows(spec, seq_len)
+    for s in range(0, n, chunk):
+        e = min(n, s + chunk)
+        block = lm_tokens(spec, s * w, e * w).reshape(e - s, w)
+        yield from block

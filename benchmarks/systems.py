@@ -52,7 +52,7 @@ BASELINE = System(
 )
 ROXXEL = System("roxxel", "roxxel_worker.py", ALL_WORKLOADS)
 PEERS = (
-    System("grain", "grain_worker.py", ALL_WORKLOADS[:-1], venv="grain"),
+    System("grain", "grain_worker.py", ALL_WORKLOADS, venv="grain"),
     System(
         "roxxel 0.9.14",
         "roxxel09_worker.py",

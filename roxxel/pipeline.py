@@ -103,9 +103,11 @@ class BufferPool:
         weakref.finalize(lease, self._release, raw).atexit = False
         batch = {}
         for (name, shape, dtype), offset in zip(self.layout.fields, self._offsets, strict=True):
-            batch[name] = np.ndarray(
-                (self.num_rows, *shape), dtype=dtype, buffer=lease, offset=offset
-            )
+            size = self.num_rows * math.prod(shape) * dtype.itemsize
+            # slicing the lease (not np.ndarray(buffer=...), which bases on the raw block)
+            # keeps it in every derived array's chain of bases
+            view = lease[offset : offset + size].view(dtype).reshape((self.num_rows, *shape))
+            batch[name] = view.view(np.ndarray)
         return batch
 
     def _allocate(self) -> np.ndarray:

@@ -162,12 +162,15 @@ class TokenWindows:
     concatenating the field of every record in dataset order, where ``width`` is
     ``seq_len + 1`` with ``targets=True`` (inputs are ``w[:, :-1]``, targets ``w[:, 1:]``;
     consecutive windows share one token) and ``seq_len`` otherwise. ``stride`` defaults to
-    ``seq_len``. A window may cross record and shard boundaries; it is located in O(log S)
+    ``seq_len``. With ``split_targets=True`` (needs ``targets``) the window comes out as two
+    fields of ``seq_len``, ``"inputs"`` = ``w[:-1]`` and ``"targets"`` = ``w[1:]``, so that
+    both split evenly when the sequence dimension is sharded; otherwise it is one field named
+    like the dataset field. A window may cross record and shard boundaries; it is located in O(log S)
     through ``dataset.element_starts`` (S shards) and copied with one slice per shard it
     touches. The incomplete tail of the stream is not a window.
 
     With ``document_structure=True`` each window also has ``"segment_ids"`` (int32, 1 for the
-    document the window starts in, +1 at each document start inside it; 0 never occurs, so it
+    document the window (its inputs, when split) starts in, +1 at each document start inside it; 0 never occurs, so it
     can mean padding downstream) and ``"positions"`` (int32, 0 at the window start and at each
     document start, +1 per token), the Megatron ``reset_position_ids`` convention. Empty
     documents leave no trace.
@@ -186,11 +189,18 @@ class TokenWindows:
         targets: bool = True,
         document_structure: bool = False,
         stride: int | None = None,
+        split_targets: bool = False,
     ) -> None:
         self.dataset, self.field = dataset, field
         self.seq_len, self.targets, self.document_structure = seq_len, targets, document_structure
         self.stride = seq_len if stride is None else stride
         self.width = seq_len + 1 if targets else seq_len
+        self.split_targets = split_targets
+        if split_targets and not targets:
+            raise ConfigError(
+                "views.TokenWindows: split_targets without targets (expected targets=True)"
+            )
+        self._doc_width = seq_len if split_targets else self.width
         self._dtype = _check_token_field(dataset, field, seq_len, self.stride)
         self._starts = np.asarray(dataset.element_starts(field), dtype=np.int64)
         self._flats: list[np.ndarray | None] = [None] * (len(self._starts) - 1)
@@ -200,10 +210,17 @@ class TokenWindows:
 
     @property
     def layout(self) -> LayoutSpec:
-        layout: LayoutSpec = {self.field: ((self.width,), self._dtype)}
+        if self.split_targets:
+            tokens = {
+                "inputs": ((self.seq_len,), self._dtype),
+                "targets": ((self.seq_len,), self._dtype),
+            }
+        else:
+            tokens = {self.field: ((self.width,), self._dtype)}
+        layout: LayoutSpec = dict(tokens)
         if self.document_structure:
-            layout["segment_ids"] = ((self.width,), np.dtype(np.int32))
-            layout["positions"] = ((self.width,), np.dtype(np.int32))
+            layout["segment_ids"] = ((self._doc_width,), np.dtype(np.int32))
+            layout["positions"] = ((self._doc_width,), np.dtype(np.int32))
         return layout
 
     def __len__(self) -> int:
@@ -222,19 +239,26 @@ class TokenWindows:
                 "width": self.width,
                 "stride": self.stride,
                 "document_structure": self.document_structure,
+                "split_targets": self.split_targets,
             }
         )
 
     def read(self, indices: np.ndarray, out: Mapping[str, np.ndarray]) -> None:
-        """Fill ``out[field][:n]`` (and the document fields) with windows ``indices``.
+        """Fill the first ``len(indices)`` rows of every `layout` field of ``out``.
 
         Raises:
             IndexError: an index outside ``[0, len(self))``.
         """
         starts = self._window_starts(indices)
-        tokens = out[self.field]
-        for row, start in enumerate(starts.tolist()):
-            self._copy(start, tokens[row])
+        if self.split_targets:
+            inputs, targets = out["inputs"], out["targets"]
+            for row, start in enumerate(starts.tolist()):
+                self._copy(start, inputs[row])
+                self._copy(start + 1, targets[row])
+        else:
+            tokens = out[self.field]
+            for row, start in enumerate(starts.tolist()):
+                self._copy(start, tokens[row])
         if self.document_structure:
             self._document_fields(starts, out["segment_ids"], out["positions"])
 
@@ -242,7 +266,7 @@ class TokenWindows:
         """Ask the kernel to read ahead the pages of these windows (advisory, never raises)."""
         itemsize = self._dtype.itemsize
         for start in self._window_starts(indices).tolist():
-            for shard, lo, hi in self._pieces(start):
+            for shard, lo, hi in self._pieces(start, self.width):
                 self.dataset.shard(shard).advise(self.field, lo * itemsize, hi * itemsize)
 
     def _window_starts(self, indices: np.ndarray) -> np.ndarray:
@@ -254,10 +278,10 @@ class TokenWindows:
             )
         return indices * self.stride
 
-    def _pieces(self, start: int) -> list[tuple[int, int, int]]:
+    def _pieces(self, start: int, width: int) -> list[tuple[int, int, int]]:
         """(shard, local start, local stop) of each shard the window from `start` touches."""
         shard = int(np.searchsorted(self._starts, start, side="right")) - 1
-        pieces, position, stop = [], start, start + self.width
+        pieces, position, stop = [], start, start + width
         while position < stop:
             base, end = int(self._starts[shard]), int(self._starts[shard + 1])
             take = min(stop, end) - position
@@ -269,7 +293,7 @@ class TokenWindows:
 
     def _copy(self, start: int, dst: np.ndarray) -> None:
         filled = 0
-        for shard, lo, hi in self._pieces(start):
+        for shard, lo, hi in self._pieces(start, len(dst)):
             dst[filled : filled + hi - lo] = self._flat(shard)[lo:hi]
             filled += hi - lo
 
@@ -289,7 +313,7 @@ class TokenWindows:
     def _document_fields(
         self, starts: np.ndarray, segment_ids: np.ndarray, positions: np.ndarray
     ) -> None:
-        n, width = len(starts), self.width
+        n, width = len(starts), self._doc_width
         marks = np.zeros((n, width), dtype=bool)
         for row, start in enumerate(starts.tolist()):
             marks[row, self._doc_starts(start) - start] = True
@@ -302,9 +326,9 @@ class TokenWindows:
         np.subtract(columns, last_start, out=positions[:n], casting="unsafe")
 
     def _doc_starts(self, start: int) -> np.ndarray:
-        """Global element indices in [start, start + width) where a document begins."""
+        """Global element indices in [start, start + doc width) where a document begins."""
         found = []
-        for shard, lo, hi in self._pieces(start):
+        for shard, lo, hi in self._pieces(start, self._doc_width):
             offsets = self._doc_offsets(shard)
             first, last = np.searchsorted(offsets, [lo, hi], side="left")
             found.append(offsets[first:last] + self._starts[shard])

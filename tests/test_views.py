@@ -120,6 +120,26 @@ def test_windows_match_naive_for_arbitrary_documents_and_shards(
         np.testing.assert_array_equal(out["positions"][i], positions)
 
 
+def test_split_targets_are_the_window_shifted_by_one(corpus):
+    ds, docs = corpus
+    flat = np.concatenate(docs)
+    whole = TokenWindows(ds, "tokens", 12, document_structure=True)
+    split = TokenWindows(ds, "tokens", 12, document_structure=True, split_targets=True)
+    assert len(split) == len(whole)
+    assert split.layout["inputs"] == split.layout["targets"] == ((12,), np.dtype(np.int32))
+    indices = np.arange(len(split))
+    got, ref = _read_all(split, indices), _read_all(whole, indices)
+    np.testing.assert_array_equal(got["inputs"], ref["tokens"][:, :-1])
+    np.testing.assert_array_equal(got["targets"], ref["tokens"][:, 1:])
+    np.testing.assert_array_equal(got["segment_ids"], ref["segment_ids"][:, :-1])
+    np.testing.assert_array_equal(got["positions"], ref["positions"][:, :-1])
+    np.testing.assert_array_equal(
+        got["targets"][-1], flat[len(split) * 12 - 11 : len(split) * 12 + 1]
+    )
+    with pytest.raises(ConfigError):
+        TokenWindows(ds, "tokens", 12, targets=False, split_targets=True)
+
+
 def test_read_rejects_a_window_index_out_of_range(corpus):
     windows = TokenWindows(corpus[0], "tokens", 16)
     with pytest.raises(IndexError):

@@ -1,0 +1,360 @@
+"""Loader: order and resume, final batches, pipeline threads and buffers, sharded placement.
+
+Runs on 8 CPU devices (tests/conftest.py sets the flag before jax loads).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import threading
+import traceback
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import roxxel
+from roxxel.errors import ConfigError, StateError
+from roxxel.loader import Loader, LoaderConfig, host_rng
+from roxxel.views import TokenWindows
+
+if jax.device_count() < 8:
+    pytest.skip(f"needs 8 CPU devices ({jax.device_count()})", allow_module_level=True)
+
+NUM_RECORDS = 37  # prime: batches never line up with epochs by accident
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    path = tmp_path_factory.mktemp("loader")
+    schema = roxxel.Schema.parse({"tokens": "int32[]", "label": "int64", "image": "float32[4]"})
+    rng = np.random.default_rng(1)
+    with roxxel.DatasetWriter(path, schema, shard_bytes=600) as writer:
+        for i in range(NUM_RECORDS):
+            tokens = rng.integers(0, 1000, rng.integers(1, 50)).astype(np.int32)
+            writer.write(
+                {"tokens": tokens, "label": i, "image": np.arange(4, dtype=np.float32) + i}
+            )
+    return roxxel.open_dataset(path)
+
+
+def _config(**kwargs) -> LoaderConfig:
+    return LoaderConfig(fields=("label", "image"), **kwargs)
+
+
+def _batches(loader, num_steps=None):
+    with loader:
+        out = []
+        for batch in loader:
+            out.append({k: np.array(v) for k, v in batch.items()})
+            if num_steps is not None and len(out) == num_steps:
+                break
+        return out
+
+
+def _assert_same(got, expected):
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def _live_loader_threads():
+    return [t for t in threading.enumerate() if t.name == "roxxel-loader"]
+
+
+# --- order and resume ---------------------------------------------------------------------
+
+
+def test_each_epoch_reads_every_record_once_and_epochs_differ(dataset):
+    loader = Loader(dataset, NUM_RECORDS, seed=3, config=_config(num_epochs=3))
+    epochs = [b["label"] for b in _batches(loader)]
+    assert len(epochs) == 3
+    for labels in epochs:
+        assert sorted(labels.tolist()) == list(range(NUM_RECORDS))
+    assert epochs[0].tolist() != epochs[1].tolist() != epochs[2].tolist()
+
+
+def test_without_shuffle_records_come_in_dataset_order(dataset):
+    batches = _batches(Loader(dataset, 10, shuffle=False, config=_config(num_epochs=2)))
+    labels = np.concatenate([b["label"] for b in batches])
+    np.testing.assert_array_equal(labels, np.arange(70) % NUM_RECORDS)
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 7, 9, 30])  # 9 * 4 = 36: the last step of epoch 0
+def test_restore_continues_exactly_like_an_uninterrupted_run(dataset, k):
+    config = _config(num_epochs=4, final_batch="pad", provenance=True)
+    reference = _batches(Loader(dataset, 4, seed=11, config=config))
+    first = Loader(dataset, 4, seed=11, config=config)
+    _batches(first, num_steps=k) if k else None
+    state = json.loads(json.dumps(first.state()))
+    assert state["step"] == k
+    resumed = Loader(dataset, 4, seed=11, config=config)
+    resumed.restore(state)
+    _assert_same(_batches(resumed), reference[k:])
+    _assert_same(_batches(Loader(dataset, 4, seed=11, start_step=k, config=config)), reference[k:])
+
+
+def test_a_huge_start_step_costs_nothing_and_matches_the_arithmetic(dataset):
+    step = 10**12
+    loader = Loader(dataset, 4, seed=5, start_step=step, config=_config(num_epochs=None))
+    with loader:
+        batch = next(loader)
+        assert loader.state()["step"] == step + 1
+    draws = step * 4 + np.arange(4)
+    expected = roxxel.order.records_for_draws(NUM_RECORDS, draws, seed=5, source=0, shuffle=True)
+    np.testing.assert_array_equal(batch["label"], expected)
+
+
+def test_restore_in_the_middle_of_iteration_restarts_at_the_state(dataset):
+    config = _config(num_epochs=None)
+    reference = _batches(Loader(dataset, 5, config=config), num_steps=12)
+    loader = Loader(dataset, 5, config=config)
+    with loader:
+        for _ in range(3):
+            next(loader)
+        saved = loader.state()
+        for _ in range(5):
+            next(loader)
+        loader.restore(saved)
+        got = [{k: np.array(v) for k, v in next(loader).items()} for _ in range(9)]
+    _assert_same(got, reference[3:12])
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"seed": 2},
+        {"batch_size": 5},
+        {"shuffle": False},
+        {"config": LoaderConfig(fields=("label",))},
+        {"config": LoaderConfig(fields=("label", "image"), num_epochs=2)},
+    ],
+)
+def test_a_state_of_another_configuration_raises_and_changes_nothing(dataset, change):
+    kwargs = {"batch_size": 4, "seed": 1, "shuffle": True, "config": _config()}
+    state = Loader(dataset, **kwargs).state()
+    other = Loader(dataset, **{**kwargs, **change, "start_step": 3})
+    with pytest.raises(StateError):
+        other.restore(state)
+    assert other.step == 3
+
+
+def test_malformed_states_and_other_datasets_raise_state_error(dataset, tmp_path):
+    loader = Loader(dataset, 4, config=_config())
+    good = loader.state()
+    bad = [
+        None,
+        {},
+        {**good, "step": -1},
+        {**good, "step": "3"},
+        {**good, "version": 99},
+        {**good, "extra": 1},
+    ]
+    for state in bad:
+        with pytest.raises(StateError):
+            loader.restore(state)
+    schema = roxxel.Schema.parse({"label": "int64", "image": "float32[4]"})
+    with roxxel.DatasetWriter(tmp_path, schema) as writer:
+        for i in range(NUM_RECORDS):
+            writer.write({"label": i + 1, "image": np.zeros(4, np.float32)})
+    with pytest.raises(StateError, match="fingerprint"):
+        Loader(roxxel.open_dataset(tmp_path), 4, config=_config()).restore(good)
+    assert loader.step == 0
+
+
+# --- final batch ---------------------------------------------------------------------------
+
+
+def test_a_final_partial_batch_is_dropped_by_default(dataset):
+    loader = Loader(dataset, 10, config=_config())
+    assert loader.num_steps == 3
+    batches = _batches(loader)
+    assert [len(b["label"]) for b in batches] == [10, 10, 10]
+    assert "valid" not in batches[0]
+
+
+def test_a_padded_final_batch_carries_a_validity_mask(dataset):
+    loader = Loader(dataset, 10, config=_config(final_batch="pad", provenance=True))
+    assert loader.num_steps == 4
+    batches = _batches(loader)
+    last = batches[-1]
+    np.testing.assert_array_equal(last["valid"], np.arange(10) < 7)
+    assert not last["image"][7:].any() and (last["record"][7:] == -1).all()
+    labels = np.concatenate([b["label"][b["valid"]] for b in batches])
+    assert sorted(labels.tolist()) == list(range(NUM_RECORDS))
+    np.testing.assert_array_equal(
+        np.concatenate([b["record"][b["valid"]] for b in batches]), labels
+    )
+
+
+# --- transforms ----------------------------------------------------------------------------
+
+
+def _noisy(batch, rng):
+    return {**batch, "noise": rng.normal(size=len(batch["label"])).astype(np.float32)}
+
+
+def test_host_transform_randomness_comes_from_seed_and_step(dataset):
+    config = _config(num_epochs=None, host_transform=_noisy)
+    reference = _batches(Loader(dataset, 4, seed=9, config=config), num_steps=6)
+    resumed = _batches(Loader(dataset, 4, seed=9, start_step=4, config=config), num_steps=2)
+    _assert_same(resumed, reference[4:6])
+    np.testing.assert_array_equal(
+        reference[5]["noise"], host_rng(9, 5).normal(size=4).astype(np.float32)
+    )
+
+
+def test_device_transform_runs_jitted_on_the_placed_batch(dataset):
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+
+    def double(batch, key):
+        return {"image": batch["image"] * 2, "bits": jax.random.bits(key, (8,))}
+
+    config = _config(num_epochs=None, device_transform=double)
+    plain = _batches(
+        Loader(dataset, 8, sharding=(mesh, P("data")), config=_config(num_epochs=None)), 3
+    )
+    got = _batches(Loader(dataset, 8, sharding=(mesh, P("data")), config=config), 3)
+    for step, (a, b) in enumerate(zip(got, plain, strict=True)):
+        np.testing.assert_array_equal(a["image"], b["image"] * 2)
+        expected = jax.random.bits(jax.random.fold_in(jax.random.key(0), step), (8,))
+        np.testing.assert_array_equal(a["bits"], np.asarray(expected))
+
+
+# --- pipeline: threads, errors, buffers ----------------------------------------------------
+
+
+def test_no_thread_is_left_after_close_break_exhaustion_or_garbage_collection(dataset):
+    config = _config(num_epochs=None)
+    loader = Loader(dataset, 4, config=config)
+    next(loader)
+    loader.close()
+    assert not _live_loader_threads()
+    for _ in Loader(dataset, 4, config=config):
+        break
+    assert not _live_loader_threads()
+    _batches(Loader(dataset, 4, config=_config()))
+    assert not _live_loader_threads()
+    loader = Loader(dataset, 4, config=config)
+    next(loader)
+    del loader
+    gc.collect()
+    assert not _live_loader_threads()
+
+
+def _fail_at_step_two(batch, rng):
+    if batch["label"].shape and _fail_at_step_two.calls == 2:
+        raise RuntimeError("boom in the pipeline")
+    _fail_at_step_two.calls += 1
+    return batch
+
+
+def test_a_pipeline_exception_reaches_the_consumer_with_its_traceback(dataset):
+    _fail_at_step_two.calls = 0
+    loader = Loader(dataset, 4, config=_config(num_epochs=None, host_transform=_fail_at_step_two))
+    got = []
+    with pytest.raises(RuntimeError, match="boom in the pipeline") as info:
+        for batch in loader:
+            got.append(batch)
+    assert len(got) == 2
+    frames = [frame.name for frame in traceback.extract_tb(info.value.__traceback__)]
+    assert "_fail_at_step_two" in frames
+    assert not _live_loader_threads()
+    assert loader.step == 2
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_held_batches_never_change_while_the_pipeline_reuses_buffers(dataset, sharded):
+    # 16 int32 tokens = 64-byte rows: every device slice is aligned, so on CPU the placed
+    # arrays alias the host buffers and only the release tracking keeps them intact
+    windows = TokenWindows(dataset, "tokens", 16, targets=False)
+    config = LoaderConfig(num_epochs=None, prefetch=2)
+    sharding = (Mesh(np.array(jax.devices()), ("data",)), P("data")) if sharded else None
+    copies = _batches(Loader(windows, 8, config=config), num_steps=20)
+    with Loader(windows, 8, sharding=sharding, config=config) as loader:
+        held = [next(loader) for _ in range(10)]
+        for _ in range(10):  # dropped at once: their buffers get reused
+            next(loader)
+        pool = next(iter(loader._assembler._pools.values()))
+        assert pool.num_allocated >= 10  # the held batches pinned their buffers
+        _assert_same([{k: np.array(v) for k, v in b.items()} for b in held], copies[:10])
+        if sharded:
+            pointer = held[0]["tokens"].addressable_shards[0].data.unsafe_buffer_pointer()
+            assert pointer % 64 == 0
+
+
+def test_released_buffers_are_reused_so_memory_stays_flat(dataset):
+    loader = Loader(dataset, 8, config=_config(num_epochs=None, prefetch=2))
+    with loader:
+        for _ in range(40):
+            next(loader)
+        pools = loader._assembler._pools
+        assert sum(pool.num_allocated for pool in pools.values()) <= 2 + 3
+
+
+def test_bad_options_raise_config_error(dataset):
+    with pytest.raises(ConfigError):
+        Loader(dataset, 0, config=_config())
+    with pytest.raises(ConfigError):
+        Loader(dataset, 4, seed=-1, config=_config())
+    with pytest.raises(ConfigError):
+        Loader(dataset, 4, config=LoaderConfig())  # tokens is variable: needs max_len
+    for bad in ({"prefetch": 0}, {"num_epochs": 0}, {"final_batch": "keep"}, {"readahead": -1}):
+        with pytest.raises(ConfigError):
+            LoaderConfig(**bad)
+
+
+# --- placement -----------------------------------------------------------------------------
+
+
+def _mesh(shape, names):
+    return Mesh(np.array(jax.devices()).reshape(shape), names)
+
+
+LAYOUTS = {
+    "dp": ((8,), ("data",), P("data")),
+    "fsdp": ((2, 4), ("data", "fsdp"), P(("data", "fsdp"))),
+    "dp_tp": ((4, 2), ("data", "model"), P("data")),
+    "seq": ((4, 2), ("data", "seq"), P("data", "seq")),
+    "one_device": ((1,), ("data",), P("data")),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_sharded_batches_equal_the_numpy_batches(dataset, layout):
+    shape, names, spec = LAYOUTS[layout]
+    devices = np.array(jax.devices()[: int(np.prod(shape))]).reshape(shape)
+    mesh = Mesh(devices, names)
+    windows = TokenWindows(dataset, "tokens", 8, document_structure=True, split_targets=True)
+    config = LoaderConfig(num_epochs=None, final_batch="pad", provenance=True)
+    expected = _batches(Loader(windows, 16, seed=4, config=config), num_steps=5)
+    with Loader(windows, 16, seed=4, sharding=(mesh, spec), config=config) as loader:
+        for want in expected:
+            batch = next(loader)
+            assert isinstance(batch["inputs"], jax.Array)
+            assert batch["inputs"].sharding.spec == spec
+            for key, value in want.items():
+                np.testing.assert_array_equal(np.asarray(batch[key]), value, err_msg=key)
+                for shard in batch[key].addressable_shards:  # replicas agree with the global
+                    np.testing.assert_array_equal(np.asarray(shard.data), value[shard.index])
+
+
+def test_per_field_shardings_place_each_field_its_own_way(dataset):
+    mesh = _mesh((4, 2), ("data", "model"))
+    shardings = {
+        "label": NamedSharding(mesh, P("data")),
+        "image": NamedSharding(mesh, P("data", "model")),
+    }
+    expected = _batches(Loader(dataset, 8, config=_config()), num_steps=2)
+    got = _batches(Loader(dataset, 8, sharding=shardings, config=_config()), num_steps=2)
+    _assert_same(got, expected)
+
+
+def test_a_batch_the_mesh_cannot_split_is_a_config_error(dataset):
+    with pytest.raises(ConfigError, match="divisible"):
+        Loader(dataset, 6, sharding=(_mesh((8,), ("data",)), P("data")), config=_config())

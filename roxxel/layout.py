@@ -178,8 +178,8 @@ def _extent(value: Any, key: str, where: tuple[object, int]) -> Extent | None:
 
 def _check_packing(columns: tuple[ColumnLayout, ...], trailer: Trailer, path: object) -> None:
     """R11: columns packed from byte 64, tables from tables_offset, each at the next 64."""
-    data = sorted((c.data for c in columns), key=lambda e: e.offset)
-    tables = sorted((t for c in columns for t in c.tables()), key=lambda e: e.offset)
+    data = sorted((c.data for c in columns), key=lambda e: (e.offset, e.nbytes))
+    tables = sorted((t for c in columns for t in c.tables()), key=lambda e: (e.offset, e.nbytes))
     for extents, start, stop in (
         (data, HEADER_BYTES, trailer.tables_offset),
         (tables, trailer.tables_offset, trailer.meta_offset),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -32,7 +33,11 @@ from roxxel.layout import Layout, parse_layout
 from roxxel.manifest import ShardInfo, checksum_text
 from roxxel.schema import Schema
 
-__all__ = ["Corruption", "Shard", "open_shard", "shard_infos"]
+__all__ = ["TEMP_NAME", "Corruption", "Shard", "open_shard", "shard_infos"]
+
+# Writers write ".<name>.<pid>.<hex>.tmp" and rename it when complete; a file of that name
+# may be whole yet unpublished (its writer was killed during fsync), so it is never a shard.
+TEMP_NAME = re.compile(r"^\..+\.[0-9]+\.[0-9a-f]{8}\.tmp$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +167,8 @@ def open_shard(path: str | os.PathLike[str], *, verify: bool = False) -> Shard:
 
 def _map_file(path: Path) -> tuple[mmap.mmap, np.ndarray]:
     """Map a regular file read-only, without ever blocking on a FIFO or device (R1)."""
+    if TEMP_NAME.match(path.name):
+        raise fail(path, 0, "R1", "a writer's temp file (it died before publishing it)")
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         info = os.fstat(fd)
@@ -201,7 +208,7 @@ def _parse(buf: np.ndarray, path: Path) -> tuple[Layout, int]:
 
 def _check_padding(buf: np.ndarray, layout: Layout, tables_offset: int, path: Path) -> None:
     """R11: the bytes between data columns (no checksum covers them) must be zero."""
-    extents = sorted((c.data for c in layout.columns), key=lambda e: e.offset)
+    extents = sorted((c.data for c in layout.columns), key=lambda e: (e.offset, e.nbytes))
     stops = [e.offset for e in extents[1:]] + [tables_offset]
     for extent, stop in zip(extents, stops, strict=True):
         if buf[extent.end : stop].any():

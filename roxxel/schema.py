@@ -205,6 +205,8 @@ def _exact_cast(array: np.ndarray, field: Field, where: str) -> np.ndarray:
     target = field.dtype
     if array.dtype == target:
         return array
+    if array.size == 0 and array.dtype.kind in "biuf":  # [] parses as float64: no value changes
+        return array.astype(target)
     src = array.dtype
     if not (src.kind in "biu" or _is_float(src)) or (target.kind in "biu" and _is_float(src)):
         raise ConfigError(f"{where}: field {field.name!r} got {src} values (expected {field.spec})")
@@ -212,9 +214,8 @@ def _exact_cast(array: np.ndarray, field: Field, where: str) -> np.ndarray:
         return array.astype(target)  # float precision is what the user asked for
     with np.errstate(all="ignore"):
         cast = array.astype(target)
-        same = np.array_equal(cast.astype(src), array) and np.array_equal(
-            np.sign(cast), np.sign(array)
-        )
+        same = np.array_equal(cast.astype(src), array)
+        same = same and np.array_equal(cast.astype(np.float64) < 0, array.astype(np.float64) < 0)
     if not same:
         bad = array.flat[int(np.argmax(cast.astype(src) != array))] if array.size else array
         raise ConfigError(f"{where}: field {field.name!r} value {bad} does not fit {target.name}")

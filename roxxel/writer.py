@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -99,6 +100,7 @@ class ShardWriter:
             for f in self.schema
         ]
         self._closed = False
+        self._info: ShardInfo | None = None
 
     @property
     def num_bytes(self) -> int:
@@ -123,15 +125,17 @@ class ShardWriter:
 
     def close(self) -> ShardInfo:
         """Finish the file: columns, tables, metadata, trailer; fsync; rename into place."""
+        if self._info is not None:
+            return self._info
         if self._closed:
-            raise ConfigError(f"{self.path}: closed twice")
+            raise ConfigError(f"{self.path}: closed after abort")
         self._closed = True
         try:
-            info = self._finish()
+            self._info = self._finish()
         except BaseException:
             self.abort()
             raise
-        return info
+        return self._info
 
     def abort(self) -> None:
         """Drop everything written; the final path is left as it was."""
@@ -197,10 +201,10 @@ class ShardWriter:
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is None:
-            self.close()
-        else:
+        if exc_type is not None:
             self.abort()
+        elif not self._closed:
+            self.close()
 
 
 def write_shard(
@@ -297,10 +301,10 @@ class DatasetWriter:
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is None:
-            self.close()
-        else:
+        if exc_type is not None:
             self.abort()
+        elif not self._closed:
+            self.close()
 
 
 def publish_manifest(folder: Path, manifest: Manifest) -> Path:
@@ -323,7 +327,9 @@ class _TempFile:
         self.final = final
         if final.is_dir():
             raise ConfigError(f"{final}: is a directory (expected a file path)")
-        fd, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+        # Not mkstemp: its 0600 mode would survive the rename; 0666 honours the umask.
+        name = final.parent / f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
         self.name = name
         self.file = os.fdopen(fd, "wb", buffering=1 << 20)
 

@@ -103,7 +103,7 @@ def test_r1_rejects_files_too_short(tmp_path, size) -> None:
 def test_r1_rejects_fifo_without_blocking(tmp_path) -> None:
     fifo = tmp_path / "pipe.rxs"
     os.mkfifo(fifo)
-    with pytest.raises(FormatError, match="rule R1 .*|not a regular file"):
+    with pytest.raises(FormatError, match="not a regular file"):
         roxxel.open_shard(fifo)
 
 
@@ -273,7 +273,7 @@ def test_r12_rejects_a_fixed_column_of_the_wrong_size(tmp_path) -> None:
         field(doc, "image")["data"][1] -= 6
 
     mutated = edit_meta(data, shrink)
-    with pytest.raises(FormatError, match="rule R1[12] "):
+    with pytest.raises(FormatError, match=r"rule R1[12] "):
         roxxel.open_shard(_write(tmp_path, mutated))
 
 
@@ -351,7 +351,7 @@ def test_r16_verify_names_the_record_and_field_of_a_flipped_data_byte(tmp_path) 
     shard = roxxel.open_shard(path)
     [problem] = shard.verify()
     assert (problem.record, problem.field) == (0, "image")
-    with pytest.raises(FormatError, match="rule R16 .*"):
+    with pytest.raises(FormatError, match="rule R16 "):
         roxxel.open_shard(path, verify=True)[0]
     assert roxxel.open_shard(path, verify=True)[1]["label"] == -(10**12) + 7
 

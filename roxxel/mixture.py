@@ -1,0 +1,367 @@
+"""Mixtures: weighted sources, curriculum phases, caps and exhaustion, as pure integers.
+
+A `Mixture` maps every stream position (``step * batch + row``, arithmetic across phases
+of different batch sizes) to a source and a record of that source. Nothing is stored per
+position: inside each phase the sources interleave as a capped Sainte-Laguë sequence
+(`roxxel.interleave`), and each source's draws map to records through its per-epoch keyed
+permutation (`roxxel.order`). Seeking anywhere costs O(K log K) exact integer work.
+No files, no jax. The exact semantics are in ``docs/sampling.md``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Literal, Protocol, get_args
+
+import numpy as np
+
+from roxxel.interleave import PhaseStream
+from roxxel.order import records_for_draws
+from roxxel.phases import (
+    Cap,
+    Phase,
+    Schedule,
+    Weight,
+    cap_samples,
+    check_int,
+    exact_number,
+    fail,
+    integer_weights,
+)
+
+__all__ = ["Cap", "Mixture", "OnExhausted", "Phase"]
+
+OnExhausted = Literal["stop", "refill"]
+
+
+class Sized(Protocol):
+    """What a mixture needs of a source: its number of samples."""
+
+    def __len__(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Options:
+    batch_size: int | None
+    caps: Mapping[str, Cap | Weight]
+    seed: int
+    shuffle: bool
+    on_exhausted: OnExhausted
+
+
+@dataclass(frozen=True, slots=True)
+class _Origin:
+    step: int
+    position: int
+    draws: Mapping[str, int]
+    parent: str
+
+
+class Mixture:
+    """Weighted sources over curriculum phases, with caps, as a pure function of position.
+
+    Args:
+        sources: name -> any object with ``__len__`` (records, token windows, ...); a
+            source's id is its index in this mapping's order.
+        phases: a sequence of `Phase`, or one weights mapping (a single open-ended phase).
+        batch_size: the global batch size of the phases that do not set their own.
+        caps: name -> `Cap`, or a number of epochs; sources left out are unlimited.
+        seed: keys every epoch permutation (with the source name and the epoch).
+        shuffle: ``False`` reads every source's epochs in natural order.
+        on_exhausted: ``"stop"``: when every source of the current phase is at its cap,
+            the stream ends. ``"refill"``: those sources get their caps again and go on
+            drawing where they stopped (the next records of their shuffled epochs).
+
+    Thread-safety: read-only after construction, but for the ``seek_work`` counters.
+
+    Raises:
+        ConfigError: any invalid value, naming the phase or source at fault.
+    """
+
+    def __init__(
+        self,
+        sources: Mapping[str, Sized],
+        phases: Sequence[Phase] | Mapping[str, Weight],
+        *,
+        batch_size: int | None = None,
+        caps: Mapping[str, Cap | Weight] | None = None,
+        seed: int = 0,
+        shuffle: bool = True,
+        on_exhausted: OnExhausted = "stop",
+    ) -> None:
+        options = _Options(batch_size, dict(caps or {}), seed, shuffle, on_exhausted)
+        self._setup(sources, phases, options, _Origin(0, 0, {}, ""))
+
+    @classmethod
+    def continue_from(
+        cls,
+        old: Mixture,
+        step: int,
+        phases: Sequence[Phase] | Mapping[str, Weight],
+        *,
+        caps: Mapping[str, Cap | Weight] | None = None,
+        on_exhausted: OnExhausted | None = None,
+    ) -> Mixture:
+        """A new schedule from ``step`` on, each source continuing from the draws it had made.
+
+        The new mixture keeps ``old``'s sources, seed, shuffle and default batch size; its
+        phases' ``end_step`` are absolute steps after ``step``. Its first position is
+        ``old.position_at(step)`` and each source's next draw is the one ``old`` would have
+        made next, so across the switch no draw repeats and none is skipped. Caps count
+        every draw since step 0. Steps before ``step`` are not part of the new mixture.
+        """
+        step = check_int("Mixture.continue_from: step", step, old.origin_step)
+        position = old.position_at(step)
+        if old.num_positions is not None and position > old.num_positions:
+            rule = f"a step starting at or before position {old.num_positions}"
+            raise fail("Mixture.continue_from: step", "after the old stream's end", step, rule)
+        draws = dict(zip(old.names, old.counts(position).tolist(), strict=True))
+        new_caps = old._options.caps if caps is None else dict(caps)
+        policy = old.on_exhausted if on_exhausted is None else on_exhausted
+        options = _Options(old.batch_size, new_caps, old.seed, old.shuffle, policy)
+        new = cls.__new__(cls)
+        origin = _Origin(step, position, draws, old.fingerprint())
+        new._setup(dict(zip(old.names, old.sources, strict=True)), phases, options, origin)
+        return new
+
+    def _setup(self, sources, phases, options: _Options, origin: _Origin) -> None:
+        self._validate_sources(sources)
+        self._validate_options(options)
+        self.phases = (Phase(weights=phases),) if isinstance(phases, Mapping) else tuple(phases)
+        self._origin = origin
+        self._weights = [self._phase_weights(i, p) for i, p in enumerate(self.phases)]
+        self.schedule = Schedule(self.phases, self.batch_size, origin.step, origin.position)
+        self._pos_starts = self.schedule.pos_starts
+        self.end_step = self.schedule.end_step
+        self._build_streams()
+
+    def _validate_sources(self, sources: Mapping[str, Sized]) -> None:
+        if not isinstance(sources, Mapping) or not sources:
+            raise fail("Mixture: sources", "no sources", sources, "a name -> source mapping")
+        for name, source in sources.items():
+            where = f"Mixture: sources[{name!r}]"
+            if not isinstance(name, str) or not name:
+                raise fail("Mixture: sources", "bad source name", name, "a non-empty str")
+            if not hasattr(source, "__len__"):
+                raise fail(where, "no length", type(source).__name__, "an object with __len__")
+            if len(source) < 1:
+                raise fail(where, "empty source", len(source), "at least 1 sample")
+        self.names: tuple[str, ...] = tuple(sources)
+        self.sources = tuple(sources.values())
+        self.sizes = tuple(len(s) for s in self.sources)
+
+    def _validate_options(self, options: _Options) -> None:
+        if options.batch_size is not None:
+            check_int("Mixture: batch_size", options.batch_size, 1)
+        check_int("Mixture: seed", options.seed, 0)
+        if not isinstance(options.shuffle, bool):
+            raise fail("Mixture: shuffle", "not a bool", options.shuffle, "True or False")
+        policies = get_args(OnExhausted)
+        if options.on_exhausted not in policies:
+            raise fail(
+                "Mixture: on_exhausted",
+                "unknown policy",
+                options.on_exhausted,
+                " or ".join(policies),
+            )
+        caps: list[int | None] = [None] * len(self.names)
+        for name, cap in options.caps.items():
+            k = self._source_id(f"Mixture: caps[{name!r}]", name)
+            caps[k] = cap_samples(f"Mixture: caps[{name!r}]", cap, self.sizes[k])
+        self._options, self.caps = options, tuple(caps)
+        self.batch_size, self.seed, self.shuffle = options.batch_size, options.seed, options.shuffle
+        self.on_exhausted: OnExhausted = options.on_exhausted
+
+    def _source_id(self, where: str, name: object) -> int:
+        if name not in self.names:
+            raise fail(where, "unknown source", name, f"one of {', '.join(self.names)}")
+        return self.names.index(name)  # type: ignore[arg-type]
+
+    def _phase_weights(self, index: int, phase: Phase) -> tuple[int, ...]:
+        where = f"Mixture: phases[{index}]"
+        if not isinstance(phase, Phase) or not isinstance(phase.weights, Mapping):
+            raise fail(where, "not a Phase with a weights mapping", phase, "Phase(weights=...)")
+        exact = [Fraction(0)] * len(self.names)
+        for name, weight in phase.weights.items():
+            k = self._source_id(f"{where}.weights", name)
+            exact[k] = exact_number(f"{where}.weights[{name!r}]", weight)
+        return integer_weights(f"{where}.weights", exact)
+
+    def _build_streams(self) -> None:
+        consumed = [self._origin.draws.get(name, 0) for name in self.names]
+        allowance, refill = list(self.caps), self.on_exhausted == "refill"
+        self._streams: list[PhaseStream] = []
+        self._consumed: list[list[int]] = []
+        self.num_positions: int | None = None
+        for p, weights in enumerate(self._weights):
+            length = self.schedule.num_positions(p)
+            remaining = [
+                None if a is None else max(0, a - c)
+                for a, c in zip(allowance, consumed, strict=True)
+            ]
+            stream = PhaseStream(weights, remaining, self.caps, length, refill)
+            self._streams.append(stream)
+            self._consumed.append(consumed)
+            if stream.length is None:
+                return
+            allowance = self._refilled(stream, allowance, weights)
+            done = stream.counts(stream.length)
+            consumed = [c + d for c, d in zip(consumed, done, strict=True)]
+            if stream.length != length or p + 1 == len(self.phases):
+                self.num_positions = self._pos_starts[p] + stream.length
+                return
+
+    def _refilled(self, stream: PhaseStream, allowance: list, weights: Sequence[int]) -> list:
+        """Allowances after a phase: each refill adds a full cap to the phase's sources."""
+        first = stream.first.total or 0
+        if stream.cycle is None or stream.length is None or stream.length <= first:
+            return allowance
+        rounds = -(-(stream.length - first) // (stream.cycle.total or 1))
+        return [
+            a if a is None or cap is None or w == 0 else a + rounds * cap
+            for a, cap, w in zip(allowance, self.caps, weights, strict=True)
+        ]
+
+    # --- steps and positions (see `roxxel.phases.Schedule`) -------------------------------
+
+    @property
+    def origin_step(self) -> int:
+        """The first step of this mixture: 0, or the step `continue_from` started at."""
+        return self._origin.step
+
+    def phase_at(self, step: int) -> int:
+        """The index of the phase that holds ``step``. O(log P)."""
+        return self.schedule.phase_at(step)
+
+    def batch_size_at(self, step: int) -> int:
+        """The global batch size of ``step``."""
+        return self.schedule.batch_sizes[self.schedule.phase_at(step)]
+
+    def seq_len_at(self, step: int) -> int | None:
+        """The phase's ``seq_len`` override at ``step`` (``None``: the source's own)."""
+        return self.phases[self.schedule.phase_at(step)].seq_len
+
+    def position_at(self, step: int) -> int:
+        """The first position of ``step`` (``end_step`` allowed: the position after the last)."""
+        return self.schedule.position_at(step)
+
+    def step_at(self, position: int) -> int:
+        """The step whose batch holds ``position``."""
+        return self.schedule.step_at(position)
+
+    # --- seeking ----------------------------------------------------------------------------
+
+    @property
+    def seek_work(self) -> int:
+        """Exact steps spent seeking so far (instrumentation; independent of the position)."""
+        return sum(s.work for s in self._streams)
+
+    def _stream_at(self, position: int) -> int:
+        position = self.schedule.check_position(position)
+        return min(bisect.bisect_right(self._pos_starts, position), len(self._streams)) - 1
+
+    def counts(self, stop: int) -> np.ndarray:
+        """Draws each source has made before position ``stop`` (int64, by source id).
+
+        Includes draws made before a `continue_from` origin; past the end of the stream it
+        is the final count. O(K log K + log P) exact work for any ``stop``.
+        """
+        p = self._stream_at(stop)
+        local = self._streams[p].counts(int(stop) - self._pos_starts[p])
+        return np.asarray(self._consumed[p], np.int64) + np.asarray(local, np.int64)
+
+    def shares(self, stop: int) -> list[Fraction]:
+        """The fluid (ideal) draws of each source before ``stop``: the reference of the bound."""
+        p = self._stream_at(stop)
+        fluid = self._streams[p].fluid(int(stop) - self._pos_starts[p])
+        return [c + f for c, f in zip(self._consumed[p], fluid, strict=True)]
+
+    def draws(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Source ids (int32) and draw indices (int64) of positions ``[start, stop)``.
+
+        Shorter than ``stop - start`` only where the stream ends. O(stop - start) vectorized
+        work plus O(K log K) per phase the range touches; never proportional to ``start``.
+        """
+        start, stop = self.schedule.check_position(start), int(stop)
+        if stop < start:
+            raise IndexError(f"Mixture: reversed range ({start}, {stop}), expected start <= stop")
+        if self.num_positions is not None:
+            start, stop = min(start, self.num_positions), min(stop, self.num_positions)
+        p, parts = self._stream_at(start), []
+        while start < stop:
+            end = stop if p + 1 >= len(self._streams) else min(stop, self._pos_starts[p + 1])
+            base = self._pos_starts[p]
+            sources, draws = self._streams[p].window(start - base, end - base)
+            parts.append((sources, draws + np.asarray(self._consumed[p], np.int64)[sources]))
+            start, p = end, p + 1
+        if not parts:
+            return np.zeros(0, np.int32), np.zeros(0, np.int64)
+        sources = np.concatenate([s for s, _ in parts]).astype(np.int32)
+        return sources, np.concatenate([d for _, d in parts])
+
+    def locate(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Source ids (int32) and record indices (int64) of positions ``[start, stop)``.
+
+        A draw maps to a record through `roxxel.order.records_for_draws`, keyed by
+        (seed, source name, epoch). Same cost and truncation as `draws`.
+        """
+        sources, draws = self.draws(start, stop)
+        records = np.empty_like(draws)
+        for k in np.unique(sources).tolist():
+            mask = sources == k
+            records[mask] = records_for_draws(
+                self.sizes[k],
+                draws[mask],
+                seed=self.seed,
+                source=self.names[k],
+                shuffle=self.shuffle,
+            )
+        return sources, records
+
+    def exhausted_at(self) -> dict[str, int]:
+        """Capped source name -> the position just after its last draw within its cap.
+
+        Only sources that reach their cap inside the stream appear (the first time, when
+        refilling). O(P K) exact work.
+        """
+        found: dict[str, int] = {}
+        for p, stream in enumerate(self._streams):
+            final = None if stream.length is None else stream.counts(stream.length)
+            for k in stream.first.active:
+                cap = stream.first.caps[k]
+                if cap is None or self.names[k] in found or (final is not None and final[k] < cap):
+                    continue
+                found[self.names[k]] = (
+                    self._pos_starts[p] + stream.first.position_of(k, cap - 1) + 1
+                )
+        return found
+
+    def fingerprint(self) -> str:
+        """A hex digest of all that decides the stream: names, sizes, weights, phases, caps,
+        seed, shuffle, policy, batch sizes and any continuation origin."""
+        phases = [
+            {"weights": w, "end_step": ph.end_step, "batch_size": b, "seq_len": ph.seq_len}
+            for w, ph, b in zip(self._weights, self.phases, self.schedule.batch_sizes, strict=True)
+        ]
+        origin = self._origin
+        config = {
+            "version": 1,
+            "names": self.names,
+            "sizes": self.sizes,
+            "caps": self.caps,
+            "phases": phases,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "on_exhausted": self.on_exhausted,
+            "origin": [origin.step, origin.position, sorted(origin.draws.items()), origin.parent],
+        }
+        text = json.dumps(config, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def __repr__(self) -> str:
+        return f"Mixture(names={self.names}, phases={len(self.phases)}, positions={self.num_positions})"

@@ -365,18 +365,29 @@ def _resume(run: _Run, state: Any) -> Any:
 def _loop(
     run: _Run, compiled: Callable[..., Any], state: Any, stop: _StopSignals
 ) -> tuple[Status, Any]:
-    carry = (state, jnp.zeros((), dtype=bool))
     batches = iter(run.loader)
-    save_every, status = run.config.save_every, "completed"
+    try:
+        status, state = _steps(run, compiled, state, batches, stop)
+    finally:
+        if batches is not run.loader and hasattr(batches, "close"):
+            batches.close()  # a generator over the loader: stop its pipeline now
+    run.save_current(state)
+    run.checkpointer.wait()
+    return status, state
+
+
+def _steps(
+    run: _Run, compiled: Callable[..., Any], state: Any, batches: Any, stop: _StopSignals
+) -> tuple[Status, Any]:
+    carry = (state, jnp.zeros((), dtype=bool))
+    save_every = run.config.save_every
     while run.step < run.config.num_steps:
         if stop.received is not None:
-            status = "preempted"
-            break
+            return "preempted", carry[0]
         try:
             batch = next(batches)
         except StopIteration:
-            status = "exhausted"
-            break
+            return "exhausted", carry[0]
         carry, metrics = compiled(carry, batch)
         run.pending.append(_Pending(run.step, metrics, run.loader_state))
         run.step += 1
@@ -386,9 +397,7 @@ def _loop(
             run.stop_nonfinite(carry[0])
         if save_every and run.step % save_every == 0:
             run.save_current(carry[0])
-    run.save_current(carry[0])
-    run.checkpointer.wait()
-    return status, carry[0]
+    return "completed", carry[0]
 
 
 def _fetch_after_crash(run: _Run) -> None:

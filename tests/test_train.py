@@ -328,6 +328,47 @@ def test_sigterm_saves_exits_zero_and_a_restart_continues(tmp_path: Path) -> Non
     assert_same_steps(tmp_path / "run", tmp_path / "ref")
 
 
+# ---- with the real roxxel.Loader -------------------------------------------------------
+
+
+def token_loader(path: Path) -> Any:
+    if not path.exists():
+        schema = roxxel.Schema.parse({"tokens": "int32[]"})
+        with roxxel.DatasetWriter(path, schema) as writer:
+            for doc in range(40):
+                writer.write({"tokens": np.arange(doc, doc + 7 + doc % 5, dtype=np.int32)})
+    windows = roxxel.TokenWindows(roxxel.open_dataset(path), "tokens", seq_len=8)
+    return roxxel.Loader(windows, 4, seed=1, config=roxxel.LoaderConfig(num_epochs=None))
+
+
+def token_step(state: dict[str, jax.Array], batch: dict[str, Any]) -> Any:
+    tokens = batch["tokens"].astype(jnp.float32)
+
+    def loss_fn(w: jax.Array) -> jax.Array:
+        return jnp.mean((tokens[:, :-1] * w - tokens[:, 1:]) ** 2)
+
+    loss, grad = jax.value_and_grad(loss_fn)(state["w"])
+    new = {"w": state["w"] - 1e-4 * grad}
+    return new, {"loss": loss, "tokens_sum": jnp.sum(batch["tokens"])}
+
+
+def test_real_loader_resumes_with_the_same_batches_and_losses(tmp_path: Path) -> None:
+    def start() -> dict[str, jax.Array]:
+        return {"w": jnp.zeros((), jnp.float32)}  # fresh each time: fit donates it
+
+    with token_loader(tmp_path / "data") as loader:
+        whole = fit(token_step, start(), loader, config=config(tmp_path / "a"))
+    with token_loader(tmp_path / "data") as loader:
+        cut = fit(token_step, start(), loader, config=config(tmp_path / "b", num_steps=9))
+    assert cut.step == 9
+    with token_loader(tmp_path / "data") as loader:
+        resumed = fit(token_step, start(), loader, config=config(tmp_path / "b"))
+        assert loader.state()["step"] == 20
+    assert (resumed.start_step, resumed.step) == (9, 20)
+    assert read_log(tmp_path / "a")[0] == read_log(tmp_path / "b")[0]
+    assert float(whole.state["w"]) == float(resumed.state["w"])
+
+
 # ---- the metrics logger on its own ------------------------------------------------------
 
 

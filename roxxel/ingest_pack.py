@@ -16,17 +16,19 @@ import multiprocessing
 import os
 import sys
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from roxxel.errors import ConfigError
+from roxxel.errors import ConfigError, RoxxelError
 from roxxel.ingest import BadRecords, Piece, ReadOptions, Record, WorkUnit, locate, read_unit
 from roxxel.ingest_parts import load_unit, remove_unit_files, shard_name, write_unit_marker
 from roxxel.manifest import ShardInfo
+from roxxel.schema import Field, Schema
 from roxxel.writer import ShardWriter
 
 __all__ = [
@@ -40,7 +42,7 @@ __all__ = [
     "shuffle_units",
 ]
 
-MapFn = Callable[[Record], Record | None]
+MapFn = Callable[[Record], Any]  # checked per record: a dict or None
 _MAPS: dict[str, MapFn] = {}
 
 
@@ -161,6 +163,26 @@ def _apply_map(
             )
 
 
+def _project(record: Record, fields: dict[str, Field]) -> Record:
+    """The schema's fields of a record (others are ignored; a missing one fails in the
+    writer). An empty list has no dtype of its own, so it gets the field's."""
+    out = {}
+    for name, field_ in fields.items():
+        if name not in record:
+            continue
+        value = record[name]
+        if isinstance(value, list) and not value and field_.kind == "array" and field_.is_variable:
+            value = np.zeros((0, *field_.inner_shape), field_.dtype)
+        out[name] = value
+    return out
+
+
+def _strip_where(message: str, writer: ShardWriter) -> str:
+    """The writer names its temp shard and record number; the input location says more."""
+    prefix = f"{writer.path}: record {writer.num_records}: "
+    return message.removeprefix(prefix)
+
+
 class _UnitWriter:
     """Writes one unit's records into shards of about ``shard_bytes``; errors get locations."""
 
@@ -169,15 +191,16 @@ class _UnitWriter:
         self.shards: list[ShardInfo] = []
         self.current: ShardWriter | None = None
         self.num_records = 0
+        self.fields = {f.name: f for f in Schema.parse(config.schema)}
 
     def write(self, record: Record, piece: Piece, key: int) -> None:
         if self.current is None:
             path = Path(self.config.out_dir) / shard_name(self.unit, len(self.shards))
             self.current = ShardWriter(path, self.config.schema, self.config.compress)
         try:
-            self.current.write(record)
+            self.current.write(_project(record, self.fields))
         except ConfigError as e:
-            message = f"{locate(piece, key)}: {e}"
+            message = f"{locate(piece, key)}: {_strip_where(str(e), self.current)}"
             if not self.config.read.skip_bad:
                 raise ConfigError(message) from None
             self.bad.add(message)
@@ -259,11 +282,25 @@ def shuffle_units(units: list[WorkUnit], seed: int | None) -> list[WorkUnit]:
 
 
 def run_units(config: PackConfig, units: list[WorkUnit], workers: int) -> Iterator[UnitResult]:
-    """Pack units, in this process (workers <= 1) or a forkserver pool; results as they end."""
+    """Pack units, in this process (workers <= 1) or in worker processes; results as they end.
+
+    A worker that dies (killed, out of memory) raises RoxxelError; finished units are kept.
+    """
     if workers <= 1 or len(units) <= 1:
         for unit in units:
             yield pack_unit(config, unit)
         return
     ctx = multiprocessing.get_context("forkserver")
-    with ctx.Pool(min(workers, len(units))) as pool:
-        yield from pool.imap_unordered(partial(pack_unit, config), units)
+    with ProcessPoolExecutor(min(workers, len(units)), mp_context=ctx) as pool:
+        futures = [pool.submit(pack_unit, config, unit) for unit in units]
+        try:
+            for future in as_completed(futures):
+                yield future.result()
+        except BrokenProcessPool as e:
+            raise RoxxelError(
+                f"pack: a worker process died ({e}); finished work units are kept (expected "
+                f"none to die: rerun the same command to resume)"
+            ) from None
+        finally:
+            for future in futures:
+                future.cancel()

@@ -104,7 +104,7 @@ def prepare_output(out_dir: Path, plan: PackPlan, overwrite: bool) -> bool:
     if old is not None and old.fingerprint == plan.fingerprint:
         return True
     if out_dir.exists() and any(out_dir.iterdir()):
-        if not overwrite:
+        if not overwrite and not _nothing_finished(out_dir, old):
             found = "a pack with other arguments" if old else "a dataset or other files"
             raise ConfigError(
                 f"{out_dir}: output directory holds {found} (expected an empty directory or "
@@ -115,6 +115,13 @@ def prepare_output(out_dir: Path, plan: PackPlan, overwrite: bool) -> bool:
     (out_dir / STATE_DIR).mkdir(parents=True, exist_ok=True)
     write_json_atomic(out_dir / STATE_DIR / "plan.json", plan.to_json())
     return False
+
+
+def _nothing_finished(out_dir: Path, old: PackPlan | None) -> bool:
+    """A pack that failed before finishing any unit: safe to start over without asking."""
+    if old is None or (out_dir / MANIFEST_NAME).exists():
+        return False
+    return not glob.glob(str(out_dir / STATE_DIR / "unit-*.json"))
 
 
 def _marker_path(out_dir: Path, unit: int) -> Path:

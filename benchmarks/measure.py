@@ -53,6 +53,14 @@ def memory() -> dict[str, float]:
                 out[fields[key]] = round(int(rest.split()[0]) / 1024, 1)
     except OSError:
         pass
+    try:  # worker processes a system started (grain mp_prefetch, torch DataLoader workers)
+        import resource
+
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        if kids:
+            out["children_peak_rss_mib"] = round(kids, 1)
+    except (ImportError, OSError):
+        pass
     return out
 
 

@@ -70,8 +70,8 @@ PEERS = (
         ),
         venv="roxxel09",
     ),
-    System("mosaicml-streaming", "streaming_worker.py", ALL_WORKLOADS[:-2], venv="streaming"),
-    System("hf-datasets", "hf_worker.py", ALL_WORKLOADS[:-1], venv="hf"),
+    System("mosaicml-streaming", "streaming_worker.py", ALL_WORKLOADS, venv="streaming"),
+    System("hf-datasets", "hf_worker.py", ALL_WORKLOADS, venv="hf"),
 )
 
 

@@ -19,6 +19,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.append(str(Path(__file__).resolve().parents[2]))
+import grain
+from array_record.python import array_record_module  # noqa: F401
+
 from benchmarks import datagen as dg
 from benchmarks import measure as ms
 
@@ -64,7 +67,6 @@ def ensure_data(spec: dg.DataSpec) -> dict[str, Path]:
 
 
 def _source(path: Path):
-    import grain
 
     return grain.sources.ArrayRecordDataSource(str(path))
 
@@ -165,7 +167,6 @@ def w_read_batch(p: dict, cold: bool) -> list[ms.Metric]:
 
 
 def _pipeline(path: Path, parse, batch: int, read_options, mp_workers: int = 0):
-    import grain
 
     ds = grain.MapDataset.source(_source(path)).shuffle(seed=0).repeat().map(parse)
     it = ds.to_iter_dataset(read_options).batch(batch)
@@ -185,7 +186,6 @@ def _rate(it_ds, n: int) -> float:
 
 
 def _train(p: dict, workload: str, key: str, parse, batch: int) -> list[ms.Metric]:
-    import grain
 
     _parse_absl_flags()
     spec = _spec(p)
@@ -253,7 +253,6 @@ def w_train_images(p: dict) -> list[ms.Metric]:
 
 def _resume(p: dict, workload: str, num_sources: int) -> list[ms.Metric]:
     """O(1) resume of a MapDataset pipeline: set the iterator's next_index and read a batch."""
-    import grain
 
     spec = _spec(p)
     path = ensure_data(spec)["windows"]
@@ -291,7 +290,6 @@ def w_startup(p: dict) -> list[ms.Metric]:
         (root / "done").write_text("1")
 
     def run() -> None:
-        import grain
 
         src = grain.sources.ArrayRecordDataSource([str(f) for f in files])
         _ = parse_window(src[len(src) - 1])

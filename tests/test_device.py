@@ -272,3 +272,19 @@ def test_is_ready_reports_finished_arrays():
     _, arr = _place_checked(sharding, (8, 2))
     arr.block_until_ready()
     assert device.is_ready({"x": arr, "n": 3})
+
+
+def test_copy_frees_the_host_block_when_place_returns():
+    sharding = batch_sharding(_mesh((4, 2), ("data", "model")), "data")
+    plan = RowPlan.for_sharding(sharding, (8, 16))
+    assert device.aliases_host(plan)  # CPU devices share aligned host memory
+    ref = _reference((8, 16))
+    host = _aligned(plan.local_shape)
+    host[...] = ref
+    released: list[int] = []
+    arr = place(plan, host, copy=True, on_release=lambda: released.append(1))
+    assert released == [1]
+    host[...] = -1.0  # the ring buffer is rewritten for the next batch
+    np.testing.assert_array_equal(np.asarray(arr), ref)
+    for copies in _replica_groups(arr).values():
+        np.testing.assert_array_equal(copies[0], copies[1])

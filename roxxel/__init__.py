@@ -11,11 +11,12 @@ import importlib
 from typing import Any
 
 from roxxel.dataset import Dataset, open_dataset, write_manifest
+from roxxel.dataset_writer import DatasetWriter
 from roxxel.errors import ConfigError, FormatError, RoxxelError, StateError
 from roxxel.reader import Corruption, Shard, open_shard
 from roxxel.schema import Field, Schema
 from roxxel.version import __version__
-from roxxel.writer import DatasetWriter, ShardInfo, ShardWriter, write_shard
+from roxxel.writer import ShardInfo, ShardWriter, write_shard
 
 # name -> module that defines it; loaded on first attribute access.
 _LAZY = {

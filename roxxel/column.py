@@ -117,7 +117,8 @@ class Column:
     def take(self, indices: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Stack fixed-shape records ``indices`` into ``out`` (or a new array)."""
         if not self.compressed:
-            return np.take(self.flat, indices, axis=0, out=out)
+            # Indices are range-checked by the caller; mode="raise" would buffer ``out``.
+            return np.take(self.flat, indices, axis=0, out=out, mode="wrap")
         if out is None:
             out = np.empty((len(indices), *self.field.shape), self.field.dtype)
         for row, i in enumerate(indices.tolist()):

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from roxxel.batch import Batch, Group, allocate, gather, normalize_indices
+from roxxel.dataset_writer import publish_manifest
 from roxxel.errors import ConfigError, FormatError
 from roxxel.manifest import (
     MANIFEST_MAX_BYTES,
@@ -34,7 +35,7 @@ from roxxel.manifest import (
 )
 from roxxel.reader import Corruption, Shard
 from roxxel.schema import Schema
-from roxxel.writer import json_object, publish_manifest
+from roxxel.writer import json_object
 
 __all__ = ["Dataset", "open_dataset", "write_manifest"]
 

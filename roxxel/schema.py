@@ -162,6 +162,16 @@ class Field:
         self._check_shape(array.shape, where)
         return _raw(array)
 
+    def batch_to_bytes(self, values: Any, num: int, where: str) -> memoryview:
+        """Check ``num`` fixed-shape values stacked as one array; return their raw bytes."""
+        array = _exact_cast(np.asarray(values), self, where)
+        if array.shape != (num, *self.shape):
+            raise ConfigError(
+                f"{where}: field {self.name!r} batch of shape {array.shape}"
+                f" (expected ({num}, ...) of {self.spec})"
+            )
+        return _raw(array)
+
     def _check_shape(self, shape: tuple[int, ...], where: str) -> None:
         expected = self.shape
         ok = len(shape) == len(expected) and all(

@@ -8,10 +8,8 @@ the final name. The manifest of a dataset is written last.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import secrets
 import shutil
 import sys
 import tempfile
@@ -22,14 +20,15 @@ from typing import IO, Any
 
 import zstandard
 
+from roxxel.atomic import AtomicFile
 from roxxel.errors import ConfigError
 from roxxel.format import HEADER_BYTES, Trailer, align, crc32, pack_header, pack_trailer, seal_crc
 from roxxel.layout import ColumnLayout, Extent, Layout, layout_to_json
-from roxxel.manifest import MANIFEST_NAME, Manifest, ShardEntry, ShardInfo, checksum_text
+from roxxel.manifest import ShardInfo, checksum_text
 from roxxel.schema import Codec, Field, Schema, parse_codec
 from roxxel.version import __version__
 
-__all__ = ["DatasetWriter", "ShardInfo", "ShardWriter", "publish_manifest", "write_shard"]
+__all__ = ["ShardInfo", "ShardWriter", "json_object", "parse_compress", "write_shard"]
 
 WRITER_VERSION = __version__  # recorded in every shard; the golden-file test pins it
 SPOOL_BYTES = 64 << 20  # secondary columns stay in memory up to this size, then spill to disk
@@ -60,6 +59,13 @@ class _Column:
             if codec.name == "zstd"
             else None
         )
+
+    def extend_fixed(self, raw: memoryview, num: int) -> None:
+        """Append ``num`` raw fixed-size records in one write (no codec, no offsets)."""
+        self.sink.write(raw)
+        self.nbytes += raw.nbytes
+        unit = raw.nbytes // num if num else 0
+        self.checksums.extend(crc32(raw[i * unit : (i + 1) * unit]) for i in range(num))
 
     def append(self, raw: memoryview) -> None:
         stored = raw if self.zstd is None else self.zstd.compress(raw)
@@ -92,7 +98,7 @@ class ShardWriter:
         self.metadata = json_object(metadata, f"{self.path}: metadata")
         codecs = parse_compress(compress, self.schema)
         self.num_records = 0
-        self._tmp = _TempFile(self.path)
+        self._tmp = AtomicFile(self.path)
         self._tmp.file.write(pack_header())
         primary = _primary(self.schema)
         self._columns = [
@@ -122,6 +128,47 @@ class ShardWriter:
         for column, raw in zip(self._columns, raws, strict=True):
             column.append(raw)
         self.num_records += 1
+
+    def write_batch(self, columns: Mapping[str, Any]) -> None:
+        """Append many records given by field: ``{name: n values}`` (an array for fixed fields).
+
+        Fixed-shape uncompressed fields are checked and written as one block each, which
+        is much faster than `write` per record. All values are checked before any byte of
+        the batch is written; on error nothing of the batch is written.
+        """
+        where = f"{self.path}: records {self.num_records}.."
+        num = self._batch_size(columns, where)
+        encoded: list[Any] = []
+        for column in self._columns:
+            values = columns[column.field.name]
+            if column.offsets is None:
+                encoded.append(column.field.batch_to_bytes(values, num, where))
+            else:
+                at = self.num_records
+                encoded.append(
+                    [
+                        column.field.to_bytes(v, f"{self.path}: record {at + i}")
+                        for i, v in enumerate(values)
+                    ]
+                )
+        for column, raw in zip(self._columns, encoded, strict=True):
+            if isinstance(raw, list):
+                for one in raw:
+                    column.append(one)
+            else:
+                column.extend_fixed(raw, num)
+        self.num_records += num
+
+    def _batch_size(self, columns: Mapping[str, Any], where: str) -> int:
+        if self._closed:
+            raise ConfigError(f"{self.path}: write after close")
+        if not isinstance(columns, Mapping) or set(columns) != set(self.schema.names):
+            found = sorted(columns) if isinstance(columns, Mapping) else type(columns).__name__
+            raise ConfigError(f"{where}: batch fields {found} (expected {list(self.schema.names)})")
+        sizes = {name: len(values) for name, values in columns.items()}
+        if len(set(sizes.values())) != 1:
+            raise ConfigError(f"{where}: fields of a batch differ in length ({sizes})")
+        return next(iter(sizes.values()))
 
     def close(self) -> ShardInfo:
         """Finish the file: columns, tables, metadata, trailer; fsync; rename into place."""
@@ -218,141 +265,6 @@ def write_shard(
         for record in records:
             writer.write(record)
         return writer.close()
-
-
-class DatasetWriter:
-    """Writes a dataset directory: shards of about ``shard_bytes`` each, then the manifest.
-
-    A context manager: leaving the block normally closes the last shard and writes
-    ``manifest.json`` (atomically, last); leaving it with an exception drops the shard in
-    progress and writes no manifest. A directory that already holds a dataset is refused
-    unless ``overwrite=True``, which removes the old manifest before the first new shard.
-    """
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        schema: Schema | Mapping[str, str],
-        *,
-        shard_bytes: int = 1 << 30,
-        compress: Mapping[str, str | Codec] | None = None,
-        overwrite: bool = False,
-        metadata: Mapping[str, Any] | None = None,
-        shard_prefix: str = "shard",
-    ):
-        self.path = Path(path)
-        self.schema = Schema.parse(schema)
-        if not (isinstance(shard_bytes, int) and shard_bytes > 0):
-            raise ConfigError(f"{self.path}: shard_bytes {shard_bytes!r} (expected an int > 0)")
-        self.shard_bytes = shard_bytes
-        self.metadata = json_object(metadata, f"{self.path}: metadata")
-        self._compress = parse_compress(compress, self.schema)
-        self._prefix = shard_prefix
-        manifest = self.path / MANIFEST_NAME
-        if manifest.exists() and not overwrite:
-            raise ConfigError(f"{self.path}: already holds a dataset (pass overwrite=True)")
-        self.path.mkdir(parents=True, exist_ok=True)
-        if manifest.exists():
-            manifest.unlink()
-        self.shards: list[ShardInfo] = []
-        self._current: ShardWriter | None = None
-        self._closed = False
-
-    @property
-    def num_records(self) -> int:
-        done = sum(s.num_records for s in self.shards)
-        return done + (self._current.num_records if self._current else 0)
-
-    def write(self, record: Mapping[str, Any]) -> None:
-        """Append one record, starting a new shard once the current one is full."""
-        if self._closed:
-            raise ConfigError(f"{self.path}: write after close")
-        if self._current is None:
-            name = f"{self._prefix}-{len(self.shards):05d}.rxs"
-            self._current = ShardWriter(
-                self.path / name, self.schema, self._compress, self.metadata
-            )
-        self._current.write(record)
-        if self._current.num_bytes >= self.shard_bytes:
-            self.shards.append(self._current.close())
-            self._current = None
-
-    def close(self) -> Path:
-        """Close the last shard and write the manifest; returns the manifest's path."""
-        if self._closed:
-            raise ConfigError(f"{self.path}: closed twice")
-        self._closed = True
-        if self._current is not None:
-            self.shards.append(self._current.close())
-            self._current = None
-        entries = [
-            ShardEntry(s.path.name, s.num_records, s.num_bytes, s.checksum) for s in self.shards
-        ]
-        return publish_manifest(self.path, Manifest(self.schema, tuple(entries), self.metadata))
-
-    def abort(self) -> None:
-        """Drop the shard in progress; write no manifest."""
-        self._closed = True
-        if self._current is not None:
-            self._current.abort()
-            self._current = None
-
-    def __enter__(self) -> DatasetWriter:
-        return self
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is not None:
-            self.abort()
-        elif not self._closed:
-            self.close()
-
-
-def publish_manifest(folder: Path, manifest: Manifest) -> Path:
-    """Write ``folder/manifest.json`` atomically (temp file, fsync, rename, fsync folder)."""
-    target = folder / MANIFEST_NAME
-    tmp = _TempFile(target)
-    try:
-        tmp.file.write(manifest.to_json())
-        tmp.publish()
-    except BaseException:
-        tmp.discard()
-        raise
-    return target
-
-
-class _TempFile:
-    """A temp file beside ``final`` that becomes ``final`` atomically on `publish`."""
-
-    def __init__(self, final: Path):
-        self.final = final
-        if final.is_dir():
-            raise ConfigError(f"{final}: is a directory (expected a file path)")
-        # Not mkstemp: its 0600 mode would survive the rename; 0666 honours the umask.
-        name = final.parent / f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-        self.name = name
-        self.file = os.fdopen(fd, "wb", buffering=1 << 20)
-
-    def publish(self) -> None:
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
-        os.replace(self.name, self.final)
-        _fsync_dir(self.final.parent)
-
-    def discard(self) -> None:
-        with contextlib.suppress(OSError):
-            self.file.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.name)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class _CrcWriter:

@@ -116,19 +116,23 @@ def parse_output(
     if not out.get("ok"):
         return failure_rows(system, [workload], out.get("error") or "failed"), versions
     mem = out.get("memory", {})
-    rows = [
-        Row(
-            system,
-            m["workload"],
-            m["variant"],
-            m["value"],
-            m["unit"],
-            m["higher_is_better"],
-            m.get("notes", ""),
-            m.get("error", ""),
-            mem.get("peak_rss_mib"),
-            mem.get("anon_mib"),
+    kids = mem.get("children_peak_rss_mib")
+    extra = f"child processes' peak RSS {kids:,.0f} MiB" if kids else ""
+    rows = []
+    for m in out["metrics"]:
+        notes = "; ".join(x for x in (m.get("notes", ""), extra) if x)
+        rows.append(
+            Row(
+                system,
+                m["workload"],
+                m["variant"],
+                m["value"],
+                m["unit"],
+                m["higher_is_better"],
+                notes,
+                m.get("error", ""),
+                mem.get("peak_rss_mib"),
+                mem.get("anon_mib"),
+            )
         )
-        for m in out["metrics"]
-    ]
     return rows, versions

@@ -320,3 +320,51 @@ def test_files_get_ordinary_permissions(tmp_path) -> None:
     finally:
         os.umask(old)
     assert (tmp_path / "s.rxs").stat().st_mode & 0o777 == 0o644
+
+
+def test_write_batch_equals_writing_record_by_record(tmp_path) -> None:
+    schema = {"image": "uint8[2,2]", "label": "int64", "tokens": "int32[]", "text": "str"}
+    records = [
+        {
+            "image": np.full((2, 2), i, np.uint8),
+            "label": i,
+            "tokens": np.arange(i, dtype=np.int32),
+            "text": "t" * i,
+        }
+        for i in range(7)
+    ]
+    roxxel.write_shard(tmp_path / "one.rxs", records, schema, compress={"text": "zstd:2"})
+    with roxxel.ShardWriter(tmp_path / "many.rxs", schema, compress={"text": "zstd:2"}) as writer:
+        for part in (records[:3], records[3:3], records[3:]):
+            writer.write_batch(
+                {
+                    "image": np.stack([r["image"] for r in part])
+                    if part
+                    else np.zeros((0, 2, 2), np.uint8),
+                    "label": [r["label"] for r in part],
+                    "tokens": [r["tokens"] for r in part],
+                    "text": [r["text"] for r in part],
+                }
+            )
+    assert (tmp_path / "one.rxs").read_bytes() == (tmp_path / "many.rxs").read_bytes()
+
+
+def test_write_batch_checks_everything_before_writing(tmp_path) -> None:
+    schema = {"image": "uint8[2]", "tokens": "uint16[]"}
+    with roxxel.ShardWriter(tmp_path / "s.rxs", schema) as writer:
+        with pytest.raises(ConfigError, match="does not fit uint16"):
+            writer.write_batch({"image": np.zeros((2, 2), np.uint8), "tokens": [[1], [70000]]})
+        with pytest.raises(ConfigError, match="batch of shape"):
+            writer.write_batch({"image": np.zeros((2, 3), np.uint8), "tokens": [[1], [2]]})
+        with pytest.raises(ConfigError, match="differ in length"):
+            writer.write_batch({"image": np.zeros((2, 2), np.uint8), "tokens": [[1]]})
+        assert writer.num_records == 0
+    assert len(roxxel.open_shard(tmp_path / "s.rxs")) == 0
+
+
+def test_dataset_writer_write_batch_rolls_over_between_batches(tmp_path) -> None:
+    with roxxel.DatasetWriter(tmp_path / "d", {"x": "int64"}, shard_bytes=80) as writer:
+        for start in range(0, 40, 10):
+            writer.write_batch({"x": np.arange(start, start + 10)})
+    ds = roxxel.open_dataset(tmp_path / "d")
+    assert ds.num_shards == 4 and ds.get_batch(np.arange(40))["x"].tolist() == list(range(40))

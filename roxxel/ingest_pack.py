@@ -171,10 +171,27 @@ def _project(record: Record, fields: dict[str, Field]) -> Record:
         if name not in record:
             continue
         value = record[name]
-        if isinstance(value, list) and not value and field_.kind == "array" and field_.is_variable:
-            value = np.zeros((0, *field_.inner_shape), field_.dtype)
+        if isinstance(value, list) and field_.kind == "array":
+            value = _list_array(value, field_)
         out[name] = value
     return out
+
+
+def _list_array(value: list[Any], field_: Field) -> Any:
+    """A JSON list as an array of the field's dtype when that changes no value; else as is
+    (the writer then names the value that does not fit)."""
+    if not value:
+        return np.zeros((0, *field_.inner_shape), field_.dtype) if field_.is_variable else value
+    try:
+        array = np.asarray(value)
+    except ValueError as e:  # ragged nested lists
+        raise ConfigError(f"field {field_.name!r}: {e} (expected {field_.spec})") from None
+    target = field_.dtype
+    if array.dtype.kind in "iu" and target.kind in "iu":
+        info = np.iinfo(target)
+        if info.min <= array.min() and array.max() <= info.max:
+            return array.astype(target)
+    return array
 
 
 def _strip_where(message: str, writer: ShardWriter) -> str:

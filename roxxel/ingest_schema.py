@@ -47,7 +47,10 @@ def _guess(name: str, value: Any, int_dtype: str, float_dtype: str) -> _Guess:
     if isinstance(value, bytes | bytearray):
         return _Guess("bytes", "", (), False)
     if isinstance(value, bool | int | float | list):
-        array = np.asarray(value)
+        try:
+            array = np.asarray(value)
+        except ValueError:
+            raise _ambiguous(name, "ragged nested lists") from None
         dtype = _python_dtype(array, int_dtype, float_dtype) if array.size else ""
         if array.size and not dtype:
             raise _ambiguous(name, f"a list of {array.dtype} values")

@@ -291,13 +291,13 @@ def test_skip_bad_reports_count_and_first_locations(tmp_path, capsys):
         ({"image": [[1, 2]]}, ["image:uint8[2,2]"], "field 'image' has shape (1, 2)"),
         ({"a": 1}, ["a:int64", "b:int64"], "missing fields ['b']"),
         ({"tokens": [0.5]}, ["tokens:int32[]"], "field 'tokens' got float64"),
+        ({"m": [[1, 2], [3]]}, ["m:int32[,2]"], "field 'm': setting an array element"),
     ],
 )
 def test_value_that_does_not_fit_names_record_and_field(tmp_path, capsys, record, fields, message):
     path = tmp_path / "in.jsonl"
-    path.write_text(
-        '{"a": 1, "b": 2, "tokens": [1], "image": [[1, 2], [3, 4]]}\n' + json.dumps(record) + "\n"
-    )
+    first = {"a": 1, "b": 2, "tokens": [1], "image": [[1, 2], [3, 4]], "m": [[1, 2]]}
+    path.write_text(json.dumps(first) + "\n" + json.dumps(record) + "\n")
     flags = [x for f in fields for x in ("--field", f)]
     assert _run("pack", path, "-o", tmp_path / "ds", *flags) == 1
     err = capsys.readouterr().err
@@ -410,7 +410,7 @@ def test_kill_9_then_rerun_gives_the_uninterrupted_bytes(tmp_path):
     ]
     env = {**os.environ, "ROXXEL_TEST_KILL_AT": "2040"}  # file 2, line 41: mid-corpus
     killed = subprocess.run([*argv, "-o", str(tmp_path / "a")], env=env, capture_output=True)
-    assert killed.returncode == -signal.SIGKILL
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert not (tmp_path / "a" / "manifest.json").exists() and list((tmp_path / "a").glob("*.rxs"))
     rerun = subprocess.run([*argv, "-o", str(tmp_path / "a")], capture_output=True, text=True)
     assert rerun.returncode == 0, rerun.stderr

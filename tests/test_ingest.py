@@ -356,6 +356,7 @@ def test_infer_numpy_rows_fixed_or_variable():
         [{"x": {"a": 1}}],
         [{"x": ["a"]}],
         [{"x": [1]}, {"x": [[1]]}],
+        [{"x": [[1, 2], [3]]}],
         [{"x": np.zeros(2, np.int8)}, {"x": np.zeros(2, np.int16)}],
     ],
 )

@@ -288,3 +288,17 @@ def test_copy_frees_the_host_block_when_place_returns():
     np.testing.assert_array_equal(np.asarray(arr), ref)
     for copies in _replica_groups(arr).values():
         np.testing.assert_array_equal(copies[0], copies[1])
+
+
+def test_a_strided_host_block_is_copied_and_placed():
+    plan = RowPlan.for_sharding(batch_sharding(_mesh((8,), ("data",)), "data"), (8, 3))
+    ref = _reference((8, 3))
+    wide = np.zeros((8, 6), np.float32)
+    wide[:, ::2] = ref
+    released: list[int] = []
+    arr = place(plan, wide[:, ::2], on_release=lambda: released.append(1))
+    arr.block_until_ready()
+    gc.collect()
+    assert released == [1]  # jax copied the strided parts, so the block is free already
+    wide[...] = -1.0
+    np.testing.assert_array_equal(np.asarray(arr), ref)

@@ -1,0 +1,190 @@
+"""Planning a mixture (roxxel.plan) and building it from TOML (roxxel.mixture_toml)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from roxxel.errors import ConfigError
+from roxxel.mixture import Cap, Mixture, Phase
+from roxxel.mixture_toml import load_mixture, mixture_from_config
+from roxxel.plan import plan_report, plot_shares, share_curve
+
+
+class FakeSource:
+    def __init__(self, n: int, tokens_per_sample: int | None = None) -> None:
+        self.n = n
+        if tokens_per_sample is not None:
+            self.tokens_per_sample = tokens_per_sample
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def curriculum() -> Mixture:
+    sources = {"web": FakeSource(1000, 2048), "code": FakeSource(50), "math": FakeSource(20)}
+    phases = [
+        Phase({"web": 3, "code": 1}, end_step=10),
+        Phase({"web": 1, "code": 1, "math": 2}, end_step=30, batch_size=8, seq_len=4096),
+    ]
+    return Mixture(sources, phases, batch_size=4, caps={"math": Cap(samples=12)})
+
+
+def test_plan_report_lists_each_phase_and_source_with_exact_samples() -> None:
+    m = curriculum()
+    report = plan_report(m)
+    lines = report.splitlines()
+    assert lines[1].startswith("stream: 200 positions")
+    phase0 = lines.index("phase 0: steps [0, 10), batch 4")
+    web0 = lines[phase0 + 2].split()
+    assert web0[:4] == ["web", "75.00%", "30", "61,440"]  # 3/4 of 40 positions, 2048 tokens each
+    phase1 = lines.index("phase 1: steps [10, 30), batch 8")
+    math1 = lines[phase1 + 4].split()
+    assert math1[:5] == ["math", "50.00%", "12", "49,152", "0.600"]
+    out_step = m.step_at(m.exhausted_at()["math"] - 1)
+    assert math1[5] == f"{out_step}" and 10 <= out_step < 30
+    assert (
+        lines[-1]
+        == "total: web "
+        + f"{int(m.counts(200)[0]):,}"
+        + ", code "
+        + f"{int(m.counts(200)[1]):,}"
+        + ", math 12"
+    )
+
+
+def test_plan_report_needs_num_steps_for_an_endless_stream() -> None:
+    m = Mixture({"a": FakeSource(5)}, {"a": 1}, batch_size=2)
+    with pytest.raises(ConfigError, match="never ends"):
+        plan_report(m)
+    report = plan_report(m, num_steps=10**12)
+    assert "phase 0: steps [0, 1,000,000,000,000), batch 2" in report
+    assert "2,000,000,000,000" in report and "400000000000.000" in report
+    with pytest.raises(ConfigError, match="num_steps"):
+        plan_report(m, num_steps=0)
+
+
+def test_plan_report_stops_at_the_end_of_a_stream_that_runs_dry() -> None:
+    m = Mixture(
+        {"a": FakeSource(5), "b": FakeSource(3)},
+        {"a": 1, "b": 1},
+        batch_size=2,
+        caps={"a": 1, "b": 1},
+    )
+    report = plan_report(m)
+    assert "planned steps [0, 4)" in report and report.endswith("total: a 5, b 3")
+
+
+def test_share_curve_follows_the_weights_of_each_phase() -> None:
+    m = curriculum()
+    steps, shares = share_curve(m, points=30)
+    assert steps[0] == 0 and steps[-1] == 30
+    assert np.allclose(shares.sum(axis=0), 1.0)
+    first = steps[:-1] < 10
+    assert np.allclose(shares[0, first].mean(), 0.75, atol=0.05)
+    assert np.all(shares[2, first] == 0)
+
+
+def test_plot_shares_without_matplotlib_says_how_to_install_it(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(ConfigError, match=r"pip install roxxel\[plot\]"):
+        plot_shares(curriculum(), tmp_path / "out.png")
+
+
+def test_plot_shares_writes_an_image(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = plot_shares(curriculum(), tmp_path / "shares.png", num_steps=30)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+TOML = """
+seed = 7
+batch_size = 4
+on_exhausted = "stop"
+
+[sources.web]
+path = "data/web"
+field = "tokens"
+
+[sources.code]
+path = "/abs/code"
+epochs = 1.5
+
+[sources.math]
+path = "data/math"
+samples = 3
+
+[[phases]]
+end_step = 10
+weights = { web = 0.7, code = 0.3 }
+
+[[phases]]
+batch_size = 8
+seq_len = 1024
+weights = { web = 1, code = 1, math = 2 }
+"""
+
+
+def opener(calls: list):
+    def open_source(name: str, spec: dict) -> FakeSource:
+        calls.append((name, dict(spec)))
+        return FakeSource({"web": 100, "code": 10, "math": 5}[name])
+
+    return open_source
+
+
+def test_load_mixture_reads_sources_caps_and_phases(tmp_path: Path) -> None:
+    path = tmp_path / "mixture.toml"
+    path.write_text(TOML)
+    calls: list = []
+    m = load_mixture(path, opener(calls))
+    assert m.names == ("web", "code", "math") and m.seed == 7 and m.batch_size == 4
+    assert m.caps == (None, 15, 3)
+    assert calls[0] == ("web", {"path": str(tmp_path / "data/web"), "field": "tokens"})
+    assert calls[1] == ("code", {"path": "/abs/code"})
+    assert m.end_step is None and m.batch_size_at(10) == 8 and m.seq_len_at(10) == 1024
+    direct = Mixture(
+        {"web": FakeSource(100), "code": FakeSource(10), "math": FakeSource(5)},
+        [
+            Phase({"web": 0.7, "code": 0.3}, end_step=10),
+            Phase({"web": 1, "code": 1, "math": 2}, batch_size=8, seq_len=1024),
+        ],
+        batch_size=4,
+        caps={"code": 1.5, "math": Cap(samples=3)},
+        seed=7,
+    )
+    assert m.fingerprint() == direct.fingerprint()
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda c: c | {"sedd": 1}, "unknown keys"),
+        (lambda c: c | {"phases": []}, r"phases \(\[\], expected at least one"),
+        (
+            lambda c: c | {"phases": [{"weights": {"web": 1}, "end": 3}]},
+            r"phases\[0\]: unknown keys \(end",
+        ),
+        (lambda c: c | {"phases": [{"weights": {"nope": 1}}]}, "unknown source"),
+        (lambda c: c | {"phases": [{"weights": {"web": -1}}]}, "negative"),
+        (lambda c: c | {"sources": {"web": {"field": "x"}}}, r"sources\.web\.path: missing"),
+        (lambda c: c | {"sources": {"web": "data/web"}}, "not a table"),
+        (lambda c: c | {"on_exhausted": "loop"}, "unknown policy"),
+    ],
+)
+def test_bad_mixture_config_names_what_is_wrong(edit, message: str) -> None:
+    import tomllib
+
+    config = edit(tomllib.loads(TOML))
+    with pytest.raises(ConfigError, match=message):
+        mixture_from_config(config, opener([]), where="mix.toml")
+
+
+def test_invalid_toml_is_a_config_error_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("seed = = 3")
+    with pytest.raises(ConfigError, match=r"bad\.toml: invalid TOML"):
+        load_mixture(path, opener([]))

@@ -48,9 +48,10 @@ def _tokens_per_sample(mixture: Mixture, phase: int, source: int) -> int | None:
 
 
 def _row(cells: list[str], widths: list[int]) -> str:
-    return "  ".join(
+    padded = [
         c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-    )
+    ]
+    return "  ".join(padded).rstrip()
 
 
 def _table(rows: list[list[str]]) -> list[str]:

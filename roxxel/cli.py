@@ -12,6 +12,7 @@ import sys
 from roxxel.cli_args import UsageError
 from roxxel.cli_inspect import add_inspect_parsers
 from roxxel.cli_pack import add_merge_parser, add_pack_parser
+from roxxel.cli_plan import add_plan_parser
 from roxxel.errors import RoxxelError
 from roxxel.version import __version__
 
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_pack_parser(sub)
     add_merge_parser(sub)
     add_inspect_parsers(sub)
+    add_plan_parser(sub)
     return parser
 
 

@@ -19,7 +19,7 @@ import roxxel
 from roxxel.cli import main
 
 ROXXEL = Path(sys.executable).with_name("roxxel")
-COMMANDS = ["pack", "merge", "info", "verify", "cat", "bench"]
+COMMANDS = ["pack", "merge", "info", "verify", "cat", "bench", "plan"]
 
 MAP_SOURCE = '''
 import os, signal
@@ -516,3 +516,50 @@ def test_installed_entry_point_runs(tmp_path):
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     usage = subprocess.run([str(ROXXEL), "pack"], capture_output=True, text=True)
     assert usage.returncode == 2 and "usage" in usage.stderr
+
+
+# ---- plan ----------------------------------------------------------------------------
+
+MIXTURE = """
+seed = 3
+batch_size = 4
+[sources.a]
+path = "a"
+epochs = 1
+[sources.b]
+path = "b"
+field = "tokens"
+seq_len = 4
+[[phases]]
+weights = {a = 1, b = 1}
+end_step = 10
+[[phases]]
+weights = {a = 0, b = 1}
+"""
+
+
+def test_plan_prints_the_mixture_per_phase(tmp_path, capsys):
+    corpus = _corpus(tmp_path / "in", num_files=1)
+    for name in ("a", "b"):
+        assert _run("pack", corpus, "-o", tmp_path / name, "-q", *PACK_FIELDS) == 0
+    (tmp_path / "mix.toml").write_text(MIXTURE)
+    assert _run("plan", tmp_path / "mix.toml", "--steps", "20") == 0
+    report = capsys.readouterr().out
+    assert "phase 0" in report and "phase 1" in report and "total:" in report
+    (tmp_path / "bad.toml").write_text(MIXTURE.replace("seq_len = 4", "seq_len = 4\nwidth = 3"))
+    assert _run("plan", tmp_path / "bad.toml", "--steps", "20") == 1
+    assert "unknown keys ['width']" in capsys.readouterr().err
+
+
+def test_plan_plot_needs_matplotlib_or_draws(tmp_path, capsys):
+    corpus = _corpus(tmp_path / "in", num_files=1)
+    for name in ("a", "b"):
+        assert _run("pack", corpus, "-o", tmp_path / name, "-q", *PACK_FIELDS) == 0
+    (tmp_path / "mix.toml").write_text(MIXTURE)
+    rc = _run("plan", tmp_path / "mix.toml", "--steps", "20", "--plot", tmp_path / "s.png")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert rc == 1 and "roxxel[plot]" in capsys.readouterr().err
+    else:
+        assert rc == 0 and (tmp_path / "s.png").exists()

@@ -233,7 +233,8 @@ def _run(args: argparse.Namespace, config: PackConfig, units: list[WorkUnit]) ->
             results.append(result)
             records += result.num_records
             bar.update(result.num_input_bytes)
-            bar.set_postfix(records=records, refresh=False)
+            rate = records / max(bar.format_dict["elapsed"], 1e-9)
+            bar.set_postfix(records=records, records_s=f"{rate:.0f}", refresh=False)
     return results
 
 

@@ -86,6 +86,7 @@ class MetricsLogger:
         self._error: BaseException | None = None
         self._last: tuple[int, float] | None = None
         self._closed = False
+        self._crashed: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="roxxel-metrics", daemon=True)
         self._thread.start()
 
@@ -105,7 +106,11 @@ class MetricsLogger:
 
         Every process writes its own crash file (synchronously, first, so it exists even
         if the writer thread is stuck); process 0 also adds a ``crash`` event to the log.
+        Recording the same exception again (e.g. on leaving the ``with`` block) is a no-op.
         """
+        if exc is self._crashed:
+            return
+        self._crashed = exc
         text = "".join(traceback.format_exception(exc))
         with open(self.crash_path, "a", encoding="utf-8") as f:
             f.write(f"step {step}: {text}")

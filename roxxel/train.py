@@ -328,8 +328,9 @@ def fit(
             status, state = _loop(
                 run, _compile(step_fn, config.on_nonfinite == "skip"), state, stop
             )
-        except BaseException:
+        except BaseException as exc:
             _fetch_after_crash(run)
+            logger.crash(exc, run.step)
             raise
         if status == "preempted":
             message = (
@@ -350,6 +351,19 @@ def fit(
         )
 
 
+def _unshare(state: Any) -> Any:
+    """Copies leaves that occur twice: donating one buffer twice is an XLA error."""
+    seen: set[int] = set()
+
+    def once(leaf: Any) -> Any:
+        if id(leaf) in seen:
+            return jnp.array(leaf, copy=True)
+        seen.add(id(leaf))
+        return leaf
+
+    return jax.tree.map(once, state)
+
+
 def _resume(run: _Run, state: Any) -> Any:
     latest = run.checkpointer.latest_step() if run.config.resume else None
     if latest is not None:
@@ -359,7 +373,7 @@ def _resume(run: _Run, state: Any) -> Any:
         run.saved.add(latest)
         run.logger.event("restored", latest, f"roxxel: resumed from checkpoint {latest}")
     run.loader_state = run.loader.state()
-    return state
+    return _unshare(state)
 
 
 def _loop(

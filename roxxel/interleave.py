@@ -26,7 +26,6 @@ import numpy as np
 
 __all__ = ["Interleave", "PhaseStream", "sort_draws"]
 
-_EXACT_FLOAT = 1 << 53
 _EXACT_INT64 = 1 << 63
 
 
@@ -96,8 +95,9 @@ class Interleave:
         if n <= 0:
             return counts
         v = self.virtual_time(n)
-        for k in self.active:
-            arrived = math.floor(self.weights[k] * v + Fraction(1, 2))
+        twice_num, twice_den = 2 * v.numerator, 2 * v.denominator
+        for k in self.active:  # floor(w v + 1/2) in integers: the draws that have arrived
+            arrived = (self.weights[k] * twice_num + v.denominator) // twice_den
             cap = self.caps[k]
             counts[k] = arrived if cap is None else min(cap, arrived)
         self.work += len(self.active)
@@ -161,28 +161,28 @@ class Interleave:
 def sort_draws(sources: np.ndarray, draws: np.ndarray, weights: Sequence[int]) -> np.ndarray:
     """The permutation that sorts draws by ``((2m + 1) / (2 w_k), k)``, exactly.
 
-    Floats order the draws (correctly rounded division is monotone, so they can only merge
-    values that differ); every adjacent pair is then checked with exact integer
-    cross-multiplication, and the rare window with a float collision is sorted exactly.
+    Floats order the draws; every adjacent pair is then checked with exact integer
+    cross-multiplication (a sequence is sorted iff each adjacent pair is), and the rare
+    window where rounding swapped two nearly equal keys is sorted again exactly.
     """
     if not sources.size:
         return np.zeros(0, np.int64)
     numer = 2 * draws + 1
-    denom_list = [max(w, 1) for w in weights]
-    if max(denom_list) >= _EXACT_FLOAT or int(numer.max()) >= _EXACT_FLOAT:
-        return _sort_exact(sources, numer, denom_list)
-    denom = np.asarray(denom_list, np.int64)[sources]
-    order = np.lexsort((sources, numer / denom))
+    weight_list = [max(w, 1) for w in weights]
+    floats = np.asarray([float(w) for w in weight_list])[sources]
+    order = np.lexsort((sources, numer / floats))
     a, b = order[:-1], order[1:]
-    if int(numer.max()) * max(denom_list) < _EXACT_INT64:
+    if int(numer.max()) * max(weight_list) < _EXACT_INT64:
+        denom = np.asarray(weight_list, np.int64)[sources]
         left, right = numer[a] * denom[b], numer[b] * denom[a]
-    else:
-        left = numer[a].astype(object) * denom[b].astype(object)
-        right = numer[b].astype(object) * denom[a].astype(object)
+    else:  # huge weights: check with Python integers
+        denom = np.asarray(weight_list, object)[sources]
+        left = numer[a].astype(object) * denom[b]
+        right = numer[b].astype(object) * denom[a]
     in_order = (left < right) | ((left == right) & (sources[a] < sources[b]))
     if bool(np.all(in_order)):
         return order
-    return _sort_exact(sources, numer, denom_list)
+    return _sort_exact(sources, numer, weight_list)
 
 
 def _sort_exact(sources: np.ndarray, numer: np.ndarray, denoms: list[int]) -> np.ndarray:

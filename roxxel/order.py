@@ -9,6 +9,7 @@ permutation array is ever built: any draw maps to its record in O(1) memory.
 from __future__ import annotations
 
 import hashlib
+import math
 
 import numpy as np
 
@@ -20,8 +21,8 @@ _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 _MUL1 = np.uint64(0xBF58476D1CE4E5B9)
 _MUL2 = np.uint64(0x94D049BB133111EB)
-_NUM_ROUNDS = 6  # even, so the two half widths end where they started
-_MIN_BITS = 2  # keeps both Feistel halves at least one bit wide
+_SHIFT27, _SHIFT30, _SHIFT31 = np.uint64(27), np.uint64(30), np.uint64(31)
+_NUM_ROUNDS = 6  # even, so the two radices end where they started
 
 
 def _splitmix64(x: int) -> int:
@@ -35,9 +36,12 @@ def _splitmix64(x: int) -> int:
 def _mix(x: np.ndarray, key: np.uint64) -> np.ndarray:
     """The Feistel round function: splitmix64's finalizer of ``x ^ key`` (uint64, wraps)."""
     z = x ^ key
-    z = (z ^ (z >> np.uint64(30))) * _MUL1
-    z = (z ^ (z >> np.uint64(27))) * _MUL2
-    return z ^ (z >> np.uint64(31))
+    z ^= z >> _SHIFT30
+    z *= _MUL1
+    z ^= z >> _SHIFT27
+    z *= _MUL2
+    z ^= z >> _SHIFT31
+    return z
 
 
 def _check_int(where: str, value: object, low: int, high: int | None = None) -> int:
@@ -51,15 +55,19 @@ def _check_int(where: str, value: object, low: int, high: int | None = None) -> 
 
 
 class KeyedPermutation:
-    """A keyed bijection of ``[0, num_items)``: a Feistel network with cycle walking.
+    """A keyed bijection of ``[0, num_items)``: a radix Feistel network with cycle walking.
 
-    The network permutes the padded domain ``[0, 2**b)`` with ``2**b`` the smallest power of
-    two ``>= num_items`` (and ``>= 4``), so fewer than half of the padded values lie outside
-    ``[0, num_items)`` when ``num_items > 2``. Cycle walking applies the network again until
-    the value falls back inside; because the network is a bijection of the padded domain,
-    the walk follows one cycle and must come back, after at most ``2**b - num_items + 1``
-    rounds. Each round lands inside with probability ``num_items / 2**b > 1/2`` for a random
-    key, so the expected number of rounds is below 2 (below 4 for ``num_items <= 2``).
+    The network permutes the padded domain ``[0, a * b)`` with ``a = ceil(sqrt(n))`` and
+    ``b = ceil(n / a)``, written as pairs ``(left mod a, right mod b)``; each round maps
+    ``(L, R)`` to ``(R, (L + F_i(R)) mod a)`` and swaps the two radices (the FF1 layout of
+    format-preserving encryption), with ``F_i`` splitmix64 keyed by round. Since
+    ``n <= a * b < n + a``, at most ``a - 1 < sqrt(n)`` padded values lie outside
+    ``[0, n)``, and never more than a quarter of the domain (``n = 3`` is the worst case).
+    Cycle walking applies the network again until the value falls back inside; the network
+    is a bijection of the padded domain, so the walk follows one cycle and returns within
+    ``a * b - n + 1 <= a`` rounds. For a random key each round lands inside with probability
+    ``n / (a * b) >= 3/4``, so the expected number of rounds is at most 4/3, and about
+    ``1 + 1/sqrt(n)`` for large ``n``.
 
     Evaluating is O(len(positions)) vectorized numpy work and O(1) memory; any position
     maps directly. Thread-safe (immutable).
@@ -77,14 +85,14 @@ class KeyedPermutation:
         IndexError: a position outside ``[0, num_items)``.
     """
 
-    __slots__ = ("_bits_hi", "_bits_lo", "_keys", "num_items")
+    __slots__ = ("_keys", "_radix_a", "_radix_b", "num_items")
 
     def __init__(self, num_items: int, key: int) -> None:
         self.num_items = _check_int("KeyedPermutation: num_items", num_items, 1)
         key = _check_int("KeyedPermutation: key", key, 0, 1 << 64)
-        bits = max(_MIN_BITS, (self.num_items - 1).bit_length())
-        self._bits_lo = bits // 2
-        self._bits_hi = bits - self._bits_lo
+        radix_a = math.isqrt(self.num_items - 1) + 1
+        self._radix_a = np.uint64(radix_a)
+        self._radix_b = np.uint64(-(-self.num_items // radix_a))
         keys, state = [], key
         for _ in range(_NUM_ROUNDS):
             state = _splitmix64(state)
@@ -120,23 +128,20 @@ class KeyedPermutation:
         return y.astype(np.int64).reshape(x.shape)
 
     def _forward(self, x: np.ndarray) -> np.ndarray:
-        wide, narrow = self._bits_hi, self._bits_lo  # widths of the left and right halves
-        with np.errstate(over="ignore"):
-            for key in self._keys:
-                left, right = x >> np.uint64(narrow), x & np.uint64((1 << narrow) - 1)
-                new_right = left ^ (_mix(right, key) & np.uint64((1 << wide) - 1))
-                x = (right << np.uint64(wide)) | new_right
-                wide, narrow = narrow, wide
+        left_radix, right_radix = self._radix_a, self._radix_b
+        for key in self._keys:
+            left, right = np.divmod(x, right_radix)
+            x = right * left_radix + (left + _mix(right, key) % left_radix) % left_radix
+            left_radix, right_radix = right_radix, left_radix
         return x
 
     def _backward(self, x: np.ndarray) -> np.ndarray:
-        wide, narrow = self._bits_hi, self._bits_lo  # even rounds: same layout as the input
-        with np.errstate(over="ignore"):
-            for key in reversed(self._keys):
-                right, new_right = x >> np.uint64(narrow), x & np.uint64((1 << narrow) - 1)
-                left = new_right ^ (_mix(right, key) & np.uint64((1 << narrow) - 1))
-                x = (left << np.uint64(wide)) | right
-                wide, narrow = narrow, wide
+        left_radix, right_radix = self._radix_a, self._radix_b  # even rounds: input layout
+        for key in reversed(self._keys):
+            right, new_right = np.divmod(x, right_radix)  # the last round's (R, L + F(R))
+            left = (new_right + right_radix - _mix(right, key) % right_radix) % right_radix
+            x = left * left_radix + right
+            left_radix, right_radix = right_radix, left_radix
         return x
 
 

@@ -189,8 +189,11 @@ def records_for_draws(
     if d.size and int(d.min()) < 0:
         raise IndexError(f"records_for_draws: negative draw ({int(d.min())}, expected >= 0)")
     epochs, positions = np.divmod(d, n)
-    if not shuffle or n == 1:
+    if not shuffle or n == 1 or not d.size:
         return positions
+    first, last = int(epochs.min()), int(epochs.max())
+    if first == last:  # the common case: one epoch, no masks
+        return KeyedPermutation(n, epoch_key(seed, source, first))(positions)
     out = np.empty_like(positions)
     for epoch in np.unique(epochs).tolist():
         mask = epochs == epoch

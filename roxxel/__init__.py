@@ -49,7 +49,15 @@ __all__ = [
     "open_shard",
     "write_manifest",
     "write_shard",
-    *_LAZY,
+    # loaded on first use (see _LAZY)
+    "KeyedPermutation",
+    "Loader",
+    "LoaderConfig",
+    "Mixture",
+    "Phase",
+    "Records",
+    "TokenWindows",
+    "batch_sharding",
 ]
 
 

@@ -47,7 +47,7 @@ def allocate(fields: Sequence[Field], batch_size: int, max_len: Mapping[str, int
             out[field.name] = np.zeros((batch_size, width, *field.inner_shape), field.dtype)
             out[field.name + LENGTH_SUFFIX] = np.zeros(batch_size, np.int64)
         else:
-            out[field.name] = np.empty((batch_size, *field.shape), field.dtype)
+            out[field.name] = np.empty((batch_size, *field.fixed_shape), field.dtype)
     return out
 
 
@@ -58,7 +58,7 @@ def gather(groups: Sequence[Group], fields: Sequence[Field], size: int, out: Bat
         if field.is_variable:
             _gather_variable(groups, field, size, batch)
         else:
-            dest = _buffer(batch, field.name, (size, *field.shape), field.dtype)
+            dest = _buffer(batch, field.name, (size, *field.fixed_shape), field.dtype)
             for columns, rows, local in groups:
                 column = columns[field.name]
                 if rows is None:

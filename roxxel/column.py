@@ -43,7 +43,9 @@ class Column:
         self.inner = field.inner_shape
         if not self.compressed:
             flat = self.data.view(field.dtype)
-            self.flat = flat if field.is_variable else flat.reshape((num_records, *field.shape))
+            self.flat = (
+                flat if field.is_variable else flat.reshape((num_records, *field.fixed_shape))
+            )
 
     @property
     def _stored_unit(self) -> int:
@@ -119,11 +121,14 @@ class Column:
         if not self.compressed:
             # Indices are range-checked by the caller; mode="raise" would buffer ``out``.
             return np.take(self.flat, indices, axis=0, out=out, mode="wrap")
-        if out is None:
-            out = np.empty((len(indices), *self.field.shape), self.field.dtype)
+        dest = (
+            np.empty((len(indices), *self.field.fixed_shape), self.field.dtype)
+            if out is None
+            else out
+        )
         for row, i in enumerate(indices.tolist()):
-            out[row] = self._decode(i)
-        return out
+            dest[row] = self._decode(i)
+        return dest
 
     def pad_into(self, indices: np.ndarray, out: np.ndarray) -> None:
         """Copy variable-length records into the rows of ``out``, zero past each record."""
@@ -165,7 +170,7 @@ class Column:
     def _decode(self, i: int) -> Any:
         field = self.field
         expected = field.unit_bytes if self.decoded is None else self.length(i) * self.unit
-        frame = self.stored(i)
+        frame = self.stored(i).tobytes()
         try:
             if zstandard.frame_content_size(frame) != expected:
                 raise zstandard.ZstdError("frame content size differs from the table")
@@ -182,7 +187,7 @@ class Column:
         array = np.frombuffer(raw, field.dtype)
         if field.kind == "bytes":
             return array
-        return array.reshape(field.shape if not field.is_variable else (-1, *self.inner))
+        return array.reshape(self.inner if not field.is_variable else (-1, *self.inner))
 
     def _text(self, i: int, raw: Any) -> str:
         try:

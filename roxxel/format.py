@@ -46,6 +46,7 @@ ZSTD_MAX_RATIO = 1 << 15  # a zstd block of >= 4 bytes decodes to at most 128 Ki
 ZSTD_SLACK_BYTES = 1 << 10
 CHECKSUM_KIND = "crc32"
 
+Buffer = bytes | bytearray | memoryview | np.ndarray
 _HEADER = struct.Struct("<8sII48s")
 _TRAILER = struct.Struct("<QQQQII16s8s")
 _TRAILER_CRC_AT = 32  # the index checksum covers the trailer bytes before this offset
@@ -65,13 +66,13 @@ def align(offset: int) -> int:
     return -(-offset // ALIGN) * ALIGN
 
 
-def crc32(data: bytes | memoryview | np.ndarray, value: int = 0) -> int:
+def crc32(data: Buffer, value: int = 0) -> int:
     """CRC-32 (zlib's polynomial) of ``data``, continuing from ``value``.
 
     >>> hex(crc32(b"roxxel"))
     '0x56a3ed7'
     """
-    return zlib.crc32(data, value) & 0xFFFFFFFF
+    return zlib.crc32(data, value) & 0xFFFFFFFF  # pyright: ignore[reportArgumentType]
 
 
 def pack_header() -> bytes:
@@ -104,7 +105,7 @@ def pack_trailer(trailer: Trailer) -> bytes:
     )
 
 
-def index_crc(header: bytes | memoryview, index: bytes | memoryview, trailer: Trailer) -> int:
+def index_crc(header: Buffer, index: Buffer, trailer: Trailer) -> int:
     """The checksum over header, tables, metadata and the trailer's own numbers (R8)."""
     return seal_crc(crc32(index, crc32(header)), trailer)
 

@@ -168,8 +168,8 @@ def _extent(value: Any, key: str, where: tuple[object, int]) -> Extent | None:
     if value is None and key in ("offsets", "decoded"):
         return None
     ok = isinstance(value, list) and len(value) == 2
-    ok = ok and all(type(v) is int and 0 <= v < 1 << 62 for v in value)
-    if not ok:
+    ok = ok and all(type(v) is int and 0 <= v < 1 << 62 for v in value)  # pyright: ignore[reportOptionalIterable]
+    if not ok or value is None:
         raise fail(
             where[0], where[1], "R11", f"{key} extent {value!r:.80} (expected [offset, nbytes])"
         )

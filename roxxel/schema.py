@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -121,6 +121,13 @@ class Field:
         return bool(self.shape) and self.shape[0] is None
 
     @property
+    def fixed_shape(self) -> tuple[int, ...]:
+        """The shape of a fixed-shape field's record (ConfigError for a variable field)."""
+        if self.is_variable:
+            raise ConfigError(f"field {self.name!r}: variable-length ({self.spec}), no fixed shape")
+        return self.inner_shape
+
+    @property
     def inner_shape(self) -> tuple[int, ...]:
         """The shape of one element along the variable dimension (or the whole fixed shape)."""
         dims = self.shape[1:] if self.is_variable else self.shape
@@ -185,7 +192,7 @@ class Field:
 
 def _raw(array: np.ndarray) -> memoryview:
     """The bytes of an array, C order, as a flat memoryview (works for empty arrays too)."""
-    return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+    return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))  # pyright: ignore[reportArgumentType]
 
 
 def _parse_shape(name: str, dims: str | None) -> tuple[int | None, ...]:
@@ -273,7 +280,7 @@ class Schema:
     def __contains__(self, name: object) -> bool:
         return name in self.names
 
-    def select(self, names: list[str] | tuple[str, ...] | None) -> tuple[Field, ...]:
+    def select(self, names: Sequence[str] | None) -> tuple[Field, ...]:
         """The fields with these names, in the order given (all fields for None)."""
         if names is None:
             return self.fields

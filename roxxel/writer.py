@@ -200,7 +200,8 @@ class ShardWriter:
         tables = [self._write_tables(index, c) for c in self._columns]
         meta_offset = index.pad()
         columns = tuple(
-            ColumnLayout(c.field, c.codec, data[i], *tables[i]) for i, c in enumerate(self._columns)
+            ColumnLayout(c.field, c.codec, data[i], *tables[i])  # pyright: ignore[reportArgumentType]
+            for i, c in enumerate(self._columns)
         )
         layout = Layout(self.num_records, columns, f"roxxel {WRITER_VERSION}", self.metadata)
         meta = layout_to_json(layout)
@@ -293,7 +294,7 @@ def _pad_to(out: IO[bytes], position: int) -> int:
 
 
 def _spool(path: Path) -> IO[bytes]:
-    return tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES, dir=path.parent)
+    return tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES, dir=str(path.parent))
 
 
 def _primary(schema: Schema) -> Field:

@@ -131,6 +131,8 @@ def _json_value(value: Any, kind: str) -> Any:
     if kind == "bytes":
         return base64.b64encode(np.asarray(value, np.uint8).tobytes()).decode("ascii")
     array = np.asarray(value)
+    if array.dtype.kind not in "biuf":  # bfloat16: no JSON number of its own
+        array = array.astype(np.float32)
     return array.item() if array.ndim == 0 else array.tolist()
 
 

@@ -563,3 +563,13 @@ def test_plan_plot_needs_matplotlib_or_draws(tmp_path, capsys):
         assert rc == 1 and "roxxel[plot]" in capsys.readouterr().err
     else:
         assert rc == 0 and (tmp_path / "s.png").exists()
+
+
+def test_cat_prints_bytes_and_bfloat16(tmp_path, capsys):
+    schema = {"blob": "bytes", "w": "bfloat16[2]"}
+    with roxxel.DatasetWriter(tmp_path / "ds", schema) as writer:
+        writer.write({"blob": b"\x00\xffab", "w": np.array([1.5, -2.0], np.float32)})
+    assert _run("cat", tmp_path / "ds", "0", "--json") == 0
+    assert json.loads(capsys.readouterr().out) == {"index": 0, "blob": "AP9hYg==", "w": [1.5, -2.0]}
+    assert _run("cat", tmp_path / "ds", "0") == 0
+    assert "bytes[4] b'\\x00\\xffab'" in capsys.readouterr().out

@@ -21,7 +21,7 @@ from typing import Literal, Protocol, get_args
 import numpy as np
 
 from roxxel.interleave import PhaseStream
-from roxxel.order import records_for_draws
+from roxxel.order import records_for_sources
 from roxxel.phases import (
     Cap,
     Phase,
@@ -311,16 +311,9 @@ class Mixture:
         (seed, source name, epoch). Same cost and truncation as `draws`.
         """
         sources, draws = self.draws(start, stop)
-        records = np.empty_like(draws)
-        for k in np.unique(sources).tolist():
-            mask = sources == k
-            records[mask] = records_for_draws(
-                self.sizes[k],
-                draws[mask],
-                seed=self.seed,
-                source=self.names[k],
-                shuffle=self.shuffle,
-            )
+        records = records_for_sources(
+            self.sizes, sources, draws, seed=self.seed, names=self.names, shuffle=self.shuffle
+        )
         return sources, records
 
     def exhausted_at(self) -> dict[str, int]:

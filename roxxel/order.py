@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
 from roxxel.errors import ConfigError
 
-__all__ = ["KeyedPermutation", "epoch_key", "records_for_draws"]
+__all__ = ["KeyedPermutation", "epoch_key", "records_for_draws", "records_for_sources"]
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -104,13 +105,13 @@ class KeyedPermutation:
 
     def __call__(self, positions: object) -> np.ndarray:
         """The record at each position: ``perm(j)`` for every ``j`` (same shape)."""
-        return self._walk(positions, self._forward)
+        return self._walk(positions, backward=False)
 
     def inverse(self, records: object) -> np.ndarray:
         """The position of each record: ``perm.inverse(perm(j)) == j``."""
-        return self._walk(records, self._backward)
+        return self._walk(records, backward=True)
 
-    def _walk(self, values: object, network) -> np.ndarray:
+    def _walk(self, values: object, backward: bool) -> np.ndarray:
         x = np.asarray(values)
         if x.dtype.kind not in "iu":
             raise IndexError(f"KeyedPermutation: positions of dtype {x.dtype} (expected integers)")
@@ -119,25 +120,45 @@ class KeyedPermutation:
             raise IndexError(f"KeyedPermutation: position out of range (expected [0, {n}))")
         if n == 1:
             return np.zeros(x.shape, np.int64)
-        y = network(x.astype(np.uint64).ravel())
-        limit = np.uint64(n)
-        pending = np.flatnonzero(y >= limit)
-        while pending.size:  # cycle walking; terminates, see the class docstring
-            y[pending] = network(y[pending])
-            pending = pending[y[pending] >= limit]
-        return y.astype(np.int64).reshape(x.shape)
+        network = _Network(self._radix_a, self._radix_b, self._keys, np.uint64(n))
+        return network.walk(x.astype(np.uint64).ravel(), backward).astype(np.int64).reshape(x.shape)
 
-    def _forward(self, x: np.ndarray) -> np.ndarray:
-        left_radix, right_radix = self._radix_a, self._radix_b
-        for key in self._keys:
+
+class _Network:
+    """The Feistel rounds over arrays; radices, keys and limits are scalars or per element."""
+
+    def __init__(self, radix_a, radix_b, keys: Sequence, limit) -> None:
+        self.radix_a, self.radix_b, self.keys, self.limit = radix_a, radix_b, keys, limit
+
+    def subset(self, index: np.ndarray) -> _Network:
+        def pick(value):
+            return value[index] if isinstance(value, np.ndarray) else value
+
+        keys = [pick(k) for k in self.keys]
+        return _Network(pick(self.radix_a), pick(self.radix_b), keys, pick(self.limit))
+
+    def walk(self, x: np.ndarray, backward: bool) -> np.ndarray:
+        """Apply the network, then re-apply it where the value is out of range (cycle walking;
+        it terminates, see `KeyedPermutation`)."""
+        y = self.backward(x) if backward else self.forward(x)
+        pending = np.flatnonzero(y >= self.limit)
+        while pending.size:
+            sub = self.subset(pending)
+            y[pending] = sub.backward(y[pending]) if backward else sub.forward(y[pending])
+            pending = pending[y[pending] >= sub.limit]
+        return y
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        left_radix, right_radix = self.radix_a, self.radix_b
+        for key in self.keys:
             left, right = np.divmod(x, right_radix)
             x = right * left_radix + (left + _mix(right, key) % left_radix) % left_radix
             left_radix, right_radix = right_radix, left_radix
         return x
 
-    def _backward(self, x: np.ndarray) -> np.ndarray:
-        left_radix, right_radix = self._radix_a, self._radix_b  # even rounds: input layout
-        for key in reversed(self._keys):
+    def backward(self, x: np.ndarray) -> np.ndarray:
+        left_radix, right_radix = self.radix_a, self.radix_b  # even rounds: input layout
+        for key in reversed(self.keys):
             right, new_right = np.divmod(x, right_radix)  # the last round's (R, L + F(R))
             left = (new_right + right_radix - _mix(right, key) % right_radix) % right_radix
             x = left * left_radix + right
@@ -200,3 +221,41 @@ def records_for_draws(
         perm = KeyedPermutation(n, epoch_key(seed, source, epoch))
         out[mask] = perm(positions[mask])
     return out
+
+
+def records_for_sources(
+    sizes: Sequence[int],
+    sources: np.ndarray,
+    draws: np.ndarray,
+    *,
+    seed: int,
+    names: Sequence[int | str],
+    shuffle: bool,
+) -> np.ndarray:
+    """`records_for_draws` for draws of many sources at once, in one vectorized pass.
+
+    ``sources[i]`` indexes ``sizes`` and ``names``; draw ``draws[i]`` of that source maps
+    to the same record `records_for_draws` gives it. The per-element network costs
+    the same however many sources and epochs are mixed, so a batch of a 32-source mixture
+    takes one pass, not 32. O(len(draws)) work plus one key per distinct (source, epoch).
+    """
+    sources = np.asarray(sources, np.int64)
+    d = np.asarray(draws, np.int64)
+    if d.size and int(d.min()) < 0:
+        raise IndexError(f"records_for_sources: negative draw ({int(d.min())}, expected >= 0)")
+    n = np.asarray([_check_int("records_for_sources: size", s, 1) for s in sizes], np.int64)[
+        sources
+    ]
+    epochs, positions = np.divmod(d, n)
+    if not shuffle or not d.size:
+        return positions
+    pairs, inverse = np.unique(np.stack([sources, epochs]), axis=1, return_inverse=True)
+    perms = [
+        KeyedPermutation(int(sizes[k]), epoch_key(seed, names[k], e)) for k, e in pairs.T.tolist()
+    ]
+    inverse = inverse.ravel()
+    radix_a = np.asarray([p._radix_a for p in perms], np.uint64)[inverse]
+    radix_b = np.asarray([p._radix_b for p in perms], np.uint64)[inverse]
+    keys = np.asarray([p._keys for p in perms], np.uint64)[inverse]
+    network = _Network(radix_a, radix_b, list(keys.T), n.astype(np.uint64))
+    return network.walk(positions.astype(np.uint64), backward=False).astype(np.int64)

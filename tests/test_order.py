@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from roxxel.errors import ConfigError
-from roxxel.order import KeyedPermutation, epoch_key, records_for_draws
+from roxxel.order import KeyedPermutation, epoch_key, records_for_draws, records_for_sources
 
 PRIMES = [2, 3, 5, 7, 11, 13, 101, 997, 7919, 65537]
 KEYS = st.integers(0, 2**64 - 1)
@@ -143,3 +143,28 @@ def test_records_for_draws_rejects_negative_draws_and_empty_sources() -> None:
         records_for_draws(5, [-1], seed=0, source="a", shuffle=True)
     with pytest.raises(ConfigError):
         records_for_draws(0, [0], seed=0, source="a", shuffle=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 5000), min_size=1, max_size=8),
+    seed=st.integers(0, 2**40),
+    shuffle=st.booleans(),
+    data=st.data(),
+)
+def test_records_for_sources_equals_records_for_draws_per_source(
+    sizes, seed, shuffle, data
+) -> None:
+    num = data.draw(st.integers(0, 300))
+    sources = np.asarray(
+        data.draw(st.lists(st.integers(0, len(sizes) - 1), min_size=num, max_size=num)), np.int64
+    )
+    draws = np.asarray(
+        data.draw(st.lists(st.integers(0, 10**7), min_size=num, max_size=num)), np.int64
+    )
+    names = [f"src{k}" for k in range(len(sizes))]
+    got = records_for_sources(sizes, sources, draws, seed=seed, names=names, shuffle=shuffle)
+    for k, size in enumerate(sizes):
+        mine = sources == k
+        expected = records_for_draws(size, draws[mine], seed=seed, source=names[k], shuffle=shuffle)
+        assert np.array_equal(got[mine], expected)

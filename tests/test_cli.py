@@ -241,18 +241,19 @@ def test_shuffle_input_is_deterministic_and_a_permutation(tmp_path):
 # ---- bad input -----------------------------------------------------------------------
 
 
-def _no_dataset_written(out: Path) -> bool:
-    return not (out / "manifest.json").exists() and not list(out.glob("*.rxs"))
-
-
-def test_malformed_jsonl_names_file_and_line_and_writes_nothing(tmp_path, capsys):
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_malformed_jsonl_names_file_and_line_and_writes_nothing(tmp_path, capsys, workers):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"id": 1, "tokens": [1], "text": "a"}\n{"id": 2, "tokens": [\n')
+    other = _corpus(tmp_path / "in", num_files=1)
     out = tmp_path / "ds"
-    assert _run("pack", path, "-o", out, *PACK_FIELDS) == 1
+    argv = ["pack", other, path, "-o", out, "--workers", workers, "--unit-bytes", "1K"]
+    assert _run(*argv, *PACK_FIELDS) == 1
     err = capsys.readouterr().err
     assert f"{path}:2: malformed JSON" in err and err.count("\n") == 1 and "Traceback" not in err
-    assert _no_dataset_written(out)
+    assert not (out / "manifest.json").exists()
+    finished = {p.stem.split("-")[1] for p in (out / ".roxxel-pack").glob("unit-*.json")}
+    assert all(p.name.split("-")[1] in finished for p in out.glob("*.rxs"))  # no half unit
 
 
 def test_skip_bad_reports_count_and_first_locations(tmp_path, capsys):

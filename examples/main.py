@@ -100,18 +100,22 @@ def make_loader(datasets: dict[str, Path], args: argparse.Namespace) -> roxxel.L
 def summarize(result: FitResult, datasets: dict[str, Path]) -> None:
     """Prints where everything is and how the loss moved."""
     records = [json.loads(line) for line in Path(result.metrics_path).read_text().splitlines()]
-    losses = {r["step"]: r for r in records if "event" not in r}
-    first, last = losses[min(losses)], losses[max(losses)]
+    by_step = {r["step"]: r for r in records if "event" not in r}
+    steps = sorted(by_step)
+    first, tail = by_step[steps[0]], [by_step[s] for s in steps[-5:]]
+
+    def mean(key: str) -> float:
+        return sum(r[key] for r in tail) / len(tail)
+
     print(
         f"\nroxxel demo: {result.status} at step {result.step} (this run started at {result.start_step})"
     )
-    print(
-        f"  loss {first['loss']:.3f} at step {first['step']} -> {last['loss']:.3f} at step {last['step']}"
-    )
+    where = f"mean of steps {steps[-len(tail)]}-{steps[-1]}"
+    print(f"  loss  {first['loss']:.3f} at step {steps[0]} -> {mean('loss'):.3f} ({where})")
     for name in SOURCES:
         key = f"loss_{name}"
-        if key in first and key in last:
-            print(f"  {name:5} loss {first[key]:.3f} -> {last[key]:.3f}")
+        if key in first:
+            print(f"  {name:5} {first[key]:.3f} -> {mean(key):.3f}")
     if result.save_seconds:
         mean_ms = 1000 * sum(result.save_seconds) / len(result.save_seconds)
         print(

@@ -1,4 +1,7 @@
-"""Crash-safe training logs: a JSON Lines file and a console progress line.
+"""Training metrics: what a step reports, and crash-safe logs of it.
+
+`split_step_output` turns a step's return value into a flat dict of scalar metrics.
+`MetricsLogger` writes them to a JSON Lines file and a console progress line.
 
 The training thread only enqueues plain dicts; one background thread writes them. The queue
 is bounded, so a stalled disk slows the loop down instead of growing memory, and nothing is
@@ -28,9 +31,66 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["MetricsLogger", "format_progress"]
+import numpy as np
+
+from roxxel.errors import ConfigError
+
+__all__ = ["MetricsLogger", "format_progress", "split_step_output"]
 
 _STOP = object()
+
+
+def split_step_output(out: Any) -> tuple[Any, dict[str, Any]]:
+    """Splits a step's return value into (new state, flat dict of scalar metrics).
+
+    Accepted: ``(state, loss)``, ``(state, (loss, aux))`` and ``(state, {"loss": loss,
+    ...})``; aux may be a scalar or any pytree of scalars (nested names joined with "/").
+    Raises `TypeError` for another shape and `ConfigError` for a missing or non-scalar loss.
+
+    >>> state, m = split_step_output((0, (1.5, {"acc": 0.5, "n": {"tokens": 8}})))
+    >>> sorted(m.items())
+    [('acc', 0.5), ('loss', 1.5), ('n/tokens', 8)]
+    """
+    if not (isinstance(out, tuple) and len(out) == 2):
+        raise TypeError(
+            f"fit: step returned {type(out).__name__} (expected (state, loss), "
+            "(state, (loss, aux)) or (state, {'loss': loss, ...}))"
+        )
+    state, rest = out
+    if isinstance(rest, Mapping):
+        if "loss" not in rest:
+            raise ConfigError(
+                f"fit: step metrics lack 'loss' (keys {sorted(rest)}, expected a 'loss' key)"
+            )
+        flat = _flatten(rest, "")
+        metrics = {"loss": flat.pop("loss"), **flat}
+    elif isinstance(rest, tuple) and len(rest) == 2:
+        aux = rest[1]
+        metrics = {"loss": rest[0], **_flatten(aux, "" if isinstance(aux, Mapping) else "aux")}
+    else:
+        metrics = {"loss": rest}
+    for name, value in metrics.items():
+        if np.ndim(value) != 0:
+            raise ConfigError(
+                f"fit: metric {name!r} is not a scalar (shape {np.shape(value)}, expected ())"
+            )
+    return state, metrics
+
+
+def _flatten(tree: Any, prefix: str) -> dict[str, Any]:
+    """Leaves of nested dicts, lists and tuples by path ("a/b", "aux/0"); None has none."""
+    if tree is None:
+        return {}
+    if isinstance(tree, Mapping):
+        items = sorted((str(k), v) for k, v in tree.items())
+    elif isinstance(tree, list | tuple):
+        items = [(str(i), v) for i, v in enumerate(tree)]
+    else:
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for key, value in items:
+        out.update(_flatten(value, f"{prefix}/{key}" if prefix else key))
+    return out
 
 
 def format_progress(record: Mapping[str, Any], num_steps: int | None, rate: float | None) -> str:

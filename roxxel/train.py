@@ -33,7 +33,7 @@ import numpy as np
 
 from roxxel.checkpoint import CheckpointConfig, Checkpointer
 from roxxel.errors import ConfigError
-from roxxel.metrics import MetricsLogger
+from roxxel.metrics import MetricsLogger, split_step_output
 
 __all__ = ["FitResult", "LoaderLike", "TrainConfig", "fit", "split_step_output"]
 
@@ -119,53 +119,6 @@ class FitResult:
     save_seconds: tuple[float, ...]
     checkpoint_dir: str
     metrics_path: str
-
-
-def split_step_output(out: Any) -> tuple[Any, dict[str, Any]]:
-    """Splits a step's return value into (new state, flat dict of scalar metrics).
-
-    Accepted: ``(state, loss)``, ``(state, (loss, aux))`` and ``(state, {"loss": loss,
-    ...})``; aux may be a scalar or any pytree of scalars (nested names joined with "/").
-    Raises `TypeError` for another shape and `ConfigError` for a missing or non-scalar loss.
-
-    >>> state, m = split_step_output((0, (1.5, {"acc": 0.5, "n": {"tokens": 8}})))
-    >>> sorted(m.items())
-    [('acc', 0.5), ('loss', 1.5), ('n/tokens', 8)]
-    """
-    if not (isinstance(out, tuple) and len(out) == 2):
-        raise TypeError(
-            f"fit: step returned {type(out).__name__} (expected (state, loss), "
-            "(state, (loss, aux)) or (state, {'loss': loss, ...}))"
-        )
-    state, rest = out
-    if isinstance(rest, Mapping):
-        if "loss" not in rest:
-            raise ConfigError(
-                f"fit: step metrics lack 'loss' (keys {sorted(rest)}, expected a 'loss' key)"
-            )
-        flat = _flatten(rest, "")
-        metrics = {"loss": flat.pop("loss"), **flat}
-    elif isinstance(rest, tuple) and len(rest) == 2:
-        metrics = {"loss": rest[0], **_flatten(rest[1], "aux")}
-    else:
-        metrics = {"loss": rest}
-    for name, value in metrics.items():
-        if np.ndim(value) != 0:
-            raise ConfigError(
-                f"fit: metric {name!r} is not a scalar (shape {np.shape(value)}, expected ())"
-            )
-    return state, metrics
-
-
-def _flatten(tree: Any, root: str) -> dict[str, Any]:
-    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    out = {}
-    for path, leaf in leaves:
-        keys = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path]
-        if root and not isinstance(tree, Mapping):
-            keys.insert(0, root)
-        out["/".join(keys)] = leaf
-    return out
 
 
 def _compile(step_fn: Callable[..., Any], skip: bool) -> Callable[..., Any]:

@@ -205,6 +205,18 @@ def test_fit_stops_when_the_loader_ends(tmp_path: Path) -> None:
         assert ckpt.latest_step() == 5
 
 
+def test_fit_copies_a_leaf_that_appears_twice_before_donating(tmp_path: Path) -> None:
+    zeros = jnp.zeros(4, jnp.float32)
+
+    def step(state: Any, batch: Any) -> Any:
+        new, (loss, _) = step_fn({"w": state["a"], "n": state["n"]}, batch)
+        return {"a": new["w"], "b": state["b"] + 1, "n": new["n"]}, loss
+
+    state = {"a": zeros, "b": zeros, "n": jnp.zeros((), jnp.int32)}
+    result = fit(step, state, FakeLoader(), config=config(tmp_path, num_steps=3))
+    np.testing.assert_array_equal(result.state["b"], np.full(4, 3.0))
+
+
 # ---- preemption, crashes, NaN -----------------------------------------------------------
 
 
@@ -295,10 +307,16 @@ def assert_same_steps(out: Path, reference: Path) -> None:
         assert all(r == ref[step][0] for r in records), step
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """An uninterrupted worker run: its folder and its summary."""
+    out = tmp_path_factory.mktemp("reference")
+    return out, run_worker(out)
+
+
 def test_kill_9_mid_run_resumes_from_the_last_checkpoint_like_an_uninterrupted_run(
-    tmp_path: Path,
+    tmp_path: Path, reference: tuple[Path, dict[str, Any]]
 ) -> None:
-    reference = run_worker(tmp_path / "ref")
     proc = start_worker(tmp_path / "run", gate=14)
     wait_for_gate(proc, 14)
     proc.kill()
@@ -309,12 +327,13 @@ def test_kill_9_mid_run_resumes_from_the_last_checkpoint_like_an_uninterrupted_r
     assert last in (5, 10)  # 5 is committed before 10 starts; 10 may or may not be
     resumed = run_worker(tmp_path / "run")
     assert (resumed["start"], resumed["step"], resumed["status"]) == (last, 30, "completed")
-    assert resumed["w"] == reference["w"]
-    assert_same_steps(tmp_path / "run", tmp_path / "ref")
+    assert resumed["w"] == reference[1]["w"]
+    assert_same_steps(tmp_path / "run", reference[0])
 
 
-def test_sigterm_saves_exits_zero_and_a_restart_continues(tmp_path: Path) -> None:
-    reference = run_worker(tmp_path / "ref")
+def test_sigterm_saves_exits_zero_and_a_restart_continues(
+    tmp_path: Path, reference: tuple[Path, dict[str, Any]]
+) -> None:
     proc = start_worker(tmp_path / "run", gate=12)
     wait_for_gate(proc, 12)
     proc.send_signal(signal.SIGTERM)
@@ -324,8 +343,8 @@ def test_sigterm_saves_exits_zero_and_a_restart_continues(tmp_path: Path) -> Non
     assert "roxxel: preempted by SIGTERM at step 13" in stderr
     resumed = run_worker(tmp_path / "run")
     assert (resumed["start"], resumed["step"]) == (13, 30)
-    assert resumed["w"] == reference["w"]
-    assert_same_steps(tmp_path / "run", tmp_path / "ref")
+    assert resumed["w"] == reference[1]["w"]
+    assert_same_steps(tmp_path / "run", reference[0])
 
 
 # ---- with the real roxxel.Loader -------------------------------------------------------

@@ -215,7 +215,8 @@ def _parse_shape(name: str, dims: str | None) -> tuple[int | None, ...]:
 
 
 def _is_float(dtype: np.dtype) -> bool:
-    return dtype.kind == "f" or dtype.name == "bfloat16"
+    # bfloat16 (ml_dtypes) has kind "V"; test the cheap kind before the costly name.
+    return dtype.kind == "f" or (dtype.kind == "V" and dtype.name == "bfloat16")
 
 
 def _exact_cast(array: np.ndarray, field: Field, where: str) -> np.ndarray:

@@ -249,9 +249,11 @@ def records_for_sources(
     epochs, positions = np.divmod(d, n)
     if not shuffle or not d.size:
         return positions
-    pairs, inverse = np.unique(np.stack([sources, epochs]), axis=1, return_inverse=True)
+    pairs, inverse = np.unique(epochs * len(sizes) + sources, return_inverse=True)
+    pair_epochs, pair_sources = np.divmod(pairs, len(sizes))
     perms = [
-        KeyedPermutation(int(sizes[k]), epoch_key(seed, names[k], e)) for k, e in pairs.T.tolist()
+        KeyedPermutation(int(sizes[k]), epoch_key(seed, names[k], e))
+        for e, k in zip(pair_epochs.tolist(), pair_sources.tolist(), strict=True)
     ]
     inverse = inverse.ravel()
     radix_a = np.asarray([p._radix_a for p in perms], np.uint64)[inverse]

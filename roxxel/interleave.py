@@ -36,6 +36,12 @@ def _key(weight: int, draw: int) -> Fraction:
 class Interleave:
     """The capped Sainte-Laguë merge of K sources (see the module docstring).
 
+    >>> il = Interleave([2, 1], [None, 2])  # source 1 may supply 2 draws
+    >>> il.window(0, 6)[0].tolist()
+    [0, 1, 0, 0, 1, 0]
+    >>> il.counts(5), il.counts(100)
+    ([3, 2], [98, 2])
+
     Attributes:
         weights: the integer weights (0: the source takes no part).
         caps: the most draws of each source (``None``: unlimited).

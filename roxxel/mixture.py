@@ -79,6 +79,12 @@ class Mixture:
 
     Thread-safety: read-only after construction, but for the ``seek_work`` counters.
 
+    >>> m = Mixture({"a": range(10), "b": range(5)}, {"a": 2, "b": 1}, batch_size=3)
+    >>> m.draws(0, 9)[0].tolist()  # source ids of the first three steps
+    [0, 1, 0, 0, 1, 0, 0, 1, 0]
+    >>> m.counts(9).tolist(), m.counts(3 * 10**12).tolist()
+    ([6, 3], [2000000000000, 1000000000000])
+
     Raises:
         ConfigError: any invalid value, naming the phase or source at fault.
     """

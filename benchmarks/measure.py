@@ -21,6 +21,11 @@ from typing import Any
 Metric = dict[str, Any]
 
 
+def slow_repeats(params: dict) -> int:
+    """Repeats for the slow workloads (writes, resumes, startup): at most 3."""
+    return max(1, min(3, int(params.get("repeats", 3))))
+
+
 def timed(fn: Callable[[], object]) -> float:
     """Seconds one call of `fn` takes (perf_counter)."""
     t0 = time.perf_counter()
@@ -33,6 +38,23 @@ def median_rate(fn: Callable[[], object], units: float, repeats: int = 5, warmup
     for _ in range(warmup):
         fn()
     return statistics.median(units / max(timed(fn), 1e-9) for _ in range(repeats))
+
+
+def items_rate(
+    fn: Callable[[int], object], items: list[int], repeats: int = 5, budget_s: float = 1.0
+) -> float:
+    """Median items/s of `fn(item)` over `repeats` passes, each stopping after ~`budget_s`."""
+    rates = []
+    for _ in range(repeats):
+        t0, done = time.perf_counter(), 0
+        for chunk in range(0, len(items), 256):
+            for i in items[chunk : chunk + 256]:
+                fn(i)
+            done += len(items[chunk : chunk + 256])
+            if time.perf_counter() - t0 > budget_s:
+                break
+        rates.append(done / (time.perf_counter() - t0))
+    return statistics.median(rates)
 
 
 def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 0) -> float:

@@ -75,9 +75,10 @@ def fmt_value(value: float | None, unit: str) -> str:
 
 
 def _reference(rows: list[Row], row: Row) -> Row | None:
-    """The roxxel row a row is compared with: same workload, same variant if there is one."""
+    """The roxxel row a row is compared with: roxxel's first row of the workload (its main
+    setting, or step 0), or, for another system, roxxel's row of the same variant if any."""
     mine = [r for r in rows if r.system == ROXXEL and r.workload == row.workload and r.value]
-    same = [r for r in mine if r.variant == row.variant]
+    same = [r for r in mine if r.variant == row.variant and row.system != ROXXEL]
     return (same or mine or [None])[0]
 
 

@@ -69,7 +69,7 @@ def w_write_lm(p: dict) -> list[ms.Metric]:
             f.write(memoryview(blob).cast("B"))
         _fsync(f"{out}.raw")
 
-    reps = int(p.get("repeats", 3))
+    reps = ms.slow_repeats(p)
     res = [
         ms.metric(
             "write_lm",
@@ -101,7 +101,7 @@ def w_write_images(p: dict) -> list[ms.Metric]:
         _fsync(out)
 
     mb = (img.nbytes + lab.nbytes) / 1e6
-    rate = ms.median_rate(plain, mb, int(p.get("repeats", 3)), 0)
+    rate = ms.median_rate(plain, mb, ms.slow_repeats(p), 0)
     out.unlink(missing_ok=True)
     return [ms.metric("write_images", "plain f.write of the same bytes (+fsync)", rate, "MB/s")]
 
@@ -120,11 +120,10 @@ def w_read_single(p: dict) -> list[ms.Metric]:
     idx = dg.random_indices(spec.num_images, int(p.get("count", 20000)), 1).tolist()
     buf = np.empty(dg.IMAGE_SHAPE, np.uint8)
 
-    def run() -> None:
-        for i in idx:
-            buf[...] = img[i]
+    def one(i: int) -> None:
+        buf[...] = img[i]
 
-    rate = ms.median_rate(run, len(idx), int(p.get("repeats", 5)))
+    rate = ms.items_rate(one, idx, int(p.get("repeats", 5)))
     return [ms.metric("read_single", "np.memmap slice + copy", rate, "records/s")]
 
 
@@ -231,7 +230,7 @@ def w_resume(p: dict) -> list[ms.Metric]:
         first_batch,
         dg.RESUME_STEPS,
         dg.step_label,
-        int(p.get("repeats", 3)),
+        ms.slow_repeats(p),
         "O(N) shuffle index built per start",
     )
 
@@ -251,7 +250,7 @@ def w_startup(p: dict) -> list[ms.Metric]:
         readers = [IndexedReader(root / f"part-{k:04d}") for k in range(1000)]
         _ = np.array(readers[999][0])
 
-    t = ms.median_seconds(run, int(p.get("repeats", 3)))
+    t = ms.median_seconds(run, ms.slow_repeats(p))
     return [
         ms.metric(
             "startup", "1,000 .bin/.idx prefixes via np.memmap", t, "s", higher_is_better=False

@@ -98,7 +98,7 @@ def w_write_lm(p: dict) -> list[ms.Metric]:
         _write_records(out, docs)
         _sync(out)
 
-    rate = ms.median_rate(run, mb, int(p.get("repeats", 3)), 0)
+    rate = ms.median_rate(run, mb, ms.slow_repeats(p), 0)
     out.unlink(missing_ok=True)
     return [ms.metric("write_lm", f"ArrayRecordWriter({WRITER_OPTIONS}) +fsync", rate, "MB/s")]
 
@@ -113,7 +113,7 @@ def w_write_images(p: dict) -> list[ms.Metric]:
         _write_records(out, recs)
         _sync(out)
 
-    rate = ms.median_rate(run, (img.nbytes + lab.nbytes) / 1e6, int(p.get("repeats", 3)), 0)
+    rate = ms.median_rate(run, (img.nbytes + lab.nbytes) / 1e6, ms.slow_repeats(p), 0)
     out.unlink(missing_ok=True)
     return [ms.metric("write_images", f"ArrayRecordWriter({WRITER_OPTIONS}) +fsync", rate, "MB/s")]
 
@@ -124,11 +124,10 @@ def w_read_single(p: dict) -> list[ms.Metric]:
     idx = dg.random_indices(spec.num_images, int(p.get("count", 20000)), 1).tolist()
     buf = np.empty(dg.IMAGE_SHAPE, np.uint8)
 
-    def run() -> None:
-        for i in idx:
-            buf[...] = parse_image(src[i])["image"]
+    def one(i: int) -> None:
+        buf[...] = parse_image(src[i])["image"]
 
-    rate = ms.median_rate(run, len(idx), int(p.get("repeats", 5)))
+    rate = ms.items_rate(one, idx, int(p.get("repeats", 5)))
     return [ms.metric("read_single", "ArrayRecordDataSource[i] + parse", rate, "records/s")]
 
 
@@ -274,7 +273,7 @@ def _resume(p: dict, workload: str, num_sources: int) -> list[ms.Metric]:
     if num_sources > 1:
         notes += "; mix stops at the first exhausted source (repeat() first)"
     return ms.resume_series(
-        workload, first_batch, dg.RESUME_STEPS, dg.step_label, int(p.get("repeats", 3)), notes
+        workload, first_batch, dg.RESUME_STEPS, dg.step_label, ms.slow_repeats(p), notes
     )
 
 
@@ -294,7 +293,7 @@ def w_startup(p: dict) -> list[ms.Metric]:
         src = grain.sources.ArrayRecordDataSource([str(f) for f in files])
         _ = parse_window(src[len(src) - 1])
 
-    t = ms.median_seconds(run, int(p.get("repeats", 3)))
+    t = ms.median_seconds(run, ms.slow_repeats(p))
     return [
         ms.metric(
             "startup",

@@ -62,7 +62,7 @@ def w_write_lm(p: dict) -> list[ms.Metric]:
     cols = _lm_columns(spec)
     mb = sum(d.nbytes for d in cols["tokens"]) / 1e6
     out = dg.data_dir(spec, SYSTEM) / "write-test"
-    rate = ms.median_rate(lambda: _save(out, LM_FEATURES, cols), mb, int(p.get("repeats", 3)), 0)
+    rate = ms.median_rate(lambda: _save(out, LM_FEATURES, cols), mb, ms.slow_repeats(p), 0)
     shutil.rmtree(out, ignore_errors=True)
     return [
         ms.metric(
@@ -80,7 +80,7 @@ def w_write_images(p: dict) -> list[ms.Metric]:
     img, lab = dg.images(spec, 0, spec.num_images)
     out = dg.data_dir(spec, SYSTEM) / "write-test"
     run = lambda: _save(out, IMAGE_FEATURES, {"image": img, "label": lab})  # noqa: E731
-    rate = ms.median_rate(run, (img.nbytes + lab.nbytes) / 1e6, int(p.get("repeats", 3)), 0)
+    rate = ms.median_rate(run, (img.nbytes + lab.nbytes) / 1e6, ms.slow_repeats(p), 0)
     shutil.rmtree(out, ignore_errors=True)
     return [
         ms.metric(
@@ -113,15 +113,14 @@ def w_read_single(p: dict) -> list[ms.Metric]:
         ("ds[i], with_format('numpy', dtype=uint8)", img_view),
     ):
 
-        def run(view=view) -> None:
-            for i in idx:
-                buf[...] = view[i]["image"]
+        def one(i: int, view=view) -> None:
+            buf[...] = view[i]["image"]
 
         res.append(
             ms.metric(
                 "read_single",
                 name,
-                ms.median_rate(run, len(idx), int(p.get("repeats", 5))),
+                ms.items_rate(one, idx, int(p.get("repeats", 5))),
                 "records/s",
             )
         )
@@ -230,7 +229,7 @@ def _resume(p: dict, workload: str, num_sources: int) -> list[ms.Metric]:
     if num_sources > 1:
         notes += "; interleave_datasets precomputes the whole index list"
     return ms.resume_series(
-        workload, first_batch, dg.RESUME_STEPS, dg.step_label, int(p.get("repeats", 3)), notes
+        workload, first_batch, dg.RESUME_STEPS, dg.step_label, ms.slow_repeats(p), notes
     )
 
 
@@ -247,7 +246,7 @@ def w_startup(p: dict) -> list[ms.Metric]:
         ds = load_from_disk(str(root)).with_format("numpy", dtype=np.int32)
         _ = ds[len(ds) - 1]["tokens"]
 
-    t = ms.median_seconds(run, int(p.get("repeats", 3)))
+    t = ms.median_seconds(run, ms.slow_repeats(p))
     return [
         ms.metric(
             "startup",

@@ -78,9 +78,7 @@ def w_write_lm(p: dict) -> list[ms.Metric]:
     docs = list(dg.iter_documents(spec))
     out = dg.data_dir(spec, SYSTEM) / "write-test.rox"
     mb = sum(d.nbytes for d in docs) / 1e6
-    rate = ms.median_rate(
-        lambda: _write(out, iter(docs), dtype="int32"), mb, int(p.get("repeats", 3)), 0
-    )
+    rate = ms.median_rate(lambda: _write(out, iter(docs), dtype="int32"), mb, ms.slow_repeats(p), 0)
     out.unlink(missing_ok=True)
     return [ms.metric("write_lm", "Roxxel.write(docs, dtype=int32) +fsync", rate, "MB/s")]
 
@@ -94,7 +92,7 @@ def w_write_images(p: dict) -> list[ms.Metric]:
     def run() -> None:
         _write(out, _image_items(img, lab), block_size=RECORD, dtype="uint8")
 
-    rate = ms.median_rate(run, mb, int(p.get("repeats", 3)), 0)
+    rate = ms.median_rate(run, mb, ms.slow_repeats(p), 0)
     out.unlink(missing_ok=True)
     return [ms.metric("write_images", "Roxxel.write(block_size=12,296) +fsync", rate, "MB/s")]
 
@@ -105,11 +103,10 @@ def w_read_single(p: dict) -> list[ms.Metric]:
     idx = dg.random_indices(spec.num_images, int(p.get("count", 20000)), 1).tolist()
     buf = np.empty(dg.IMAGE_SHAPE, np.uint8)
 
-    def run() -> None:
-        for i in idx:
-            buf[...] = ds[i][: dg.IMAGE_BYTES].reshape(dg.IMAGE_SHAPE)
+    def one(i: int) -> None:
+        buf[...] = ds[i][: dg.IMAGE_BYTES].reshape(dg.IMAGE_SHAPE)
 
-    rate = ms.median_rate(run, len(idx), int(p.get("repeats", 5)))
+    rate = ms.items_rate(one, idx, int(p.get("repeats", 5)))
     return [ms.metric("read_single", "ds[i] (memmap block) + copy", rate, "records/s")]
 
 
@@ -207,7 +204,7 @@ def _resume(p: dict, workload: str, num_sources: int) -> list[ms.Metric]:
     if num_sources > 1:
         notes += "; mixture replays every step from 0"
     return ms.resume_series(
-        workload, first_batch, dg.RESUME_STEPS, dg.step_label, int(p.get("repeats", 3)), notes
+        workload, first_batch, dg.RESUME_STEPS, dg.step_label, ms.slow_repeats(p), notes
     )
 
 
@@ -225,7 +222,7 @@ def w_startup(p: dict) -> list[ms.Metric]:
         ds = _open(root)
         _ = np.array(ds[len(ds) - 1])
 
-    t = ms.median_seconds(run, int(p.get("repeats", 3)))
+    t = ms.median_seconds(run, ms.slow_repeats(p))
     return [
         ms.metric(
             "startup", "Roxxel(dir of 1,000 .rox).open() + 1 record", t, "s", higher_is_better=False

@@ -91,7 +91,7 @@ def w_write_lm(p: dict) -> list[ms.Metric]:
     docs = list(dg.iter_documents(spec))
     mb = sum(d.nbytes for d in docs) / 1e6
     out = dg.data_dir(spec, SYSTEM) / "write-test-lm"
-    rate = ms.median_rate(lambda: _write_lm(out, spec, docs), mb, int(p.get("repeats", 3)), 0)
+    rate = ms.median_rate(lambda: _write_lm(out, spec, docs), mb, ms.slow_repeats(p), 0)
     return [ms.metric("write_lm", "DatasetWriter (atomic: fsync + rename)", rate, "MB/s")]
 
 
@@ -100,7 +100,7 @@ def w_write_images(p: dict) -> list[ms.Metric]:
     img, lab = dg.images(spec, 0, spec.num_images)
     out = dg.data_dir(spec, SYSTEM) / "write-test-images"
     mb = (img.nbytes + lab.nbytes) / 1e6
-    rate = ms.median_rate(lambda: _write_images(out, img, lab), mb, int(p.get("repeats", 3)), 0)
+    rate = ms.median_rate(lambda: _write_images(out, img, lab), mb, ms.slow_repeats(p), 0)
     return [ms.metric("write_images", "DatasetWriter (atomic: fsync + rename)", rate, "MB/s")]
 
 
@@ -110,11 +110,10 @@ def w_read_single(p: dict) -> list[ms.Metric]:
     idx = dg.random_indices(spec.num_images, int(p.get("count", 20000)), 1).tolist()
     buf = np.empty(dg.IMAGE_SHAPE, np.uint8)
 
-    def run() -> None:
-        for i in idx:
-            buf[...] = ds[i]["image"]
+    def one(i: int) -> None:
+        buf[...] = ds[i]["image"]
 
-    rate = ms.median_rate(run, len(idx), int(p.get("repeats", 5)))
+    rate = ms.items_rate(one, idx, int(p.get("repeats", 5)))
     return [ms.metric("read_single", "ds[i] (two fields) + copy of the image", rate, "records/s")]
 
 
@@ -192,24 +191,20 @@ def w_train_images(p: dict) -> list[ms.Metric]:
         for s in range(n):
             ds.get_batch(dg.random_indices(spec.num_images, dg.IMAGE_BATCH, 1000 + s), out=out)
 
-    res = [
-        ms.metric(
-            "train_images",
-            "get_batch, random rows (no Loader)",
-            ms.median_rate(by_hand, n, reps),
-            "batches/s",
-        )
-    ]
+    by_hand_row = ms.metric(
+        "train_images",
+        "get_batch, random rows (no Loader)",
+        ms.median_rate(by_hand, n, reps),
+        "batches/s",
+    )
     try:
         with _loader(ds, dg.IMAGE_BATCH) as loader:
-            res.append(
-                ms.metric(
-                    "train_images", "Loader, numpy out", _loader_rate(loader, n, reps), "batches/s"
-                )
-            )
+            rate = _loader_rate(loader, n, reps)
+        res = [ms.metric("train_images", "Loader, numpy out", rate, "batches/s")]
         res.append(_jax_variant("train_images", ds, dg.IMAGE_BATCH, n, reps))
     except Exception as e:  # the Loader lands separately: keep the get_batch number
-        res.append(ms.metric("train_images", "Loader", None, "", notes=_short(e)))
+        res = [ms.metric("train_images", "Loader", None, "", notes=_short(e))]
+    res.append(by_hand_row)
     return res
 
 
@@ -233,7 +228,7 @@ def w_resume(p: dict) -> list[ms.Metric]:
         first_batch,
         dg.RESUME_STEPS,
         dg.step_label,
-        int(p.get("repeats", 3)),
+        ms.slow_repeats(p),
         "open + Loader(start_step) + 1 batch",
     )
 
@@ -257,7 +252,7 @@ def w_resume_mix(p: dict) -> list[ms.Metric]:
         first_batch,
         dg.RESUME_STEPS,
         dg.step_label,
-        int(p.get("repeats", 3)),
+        ms.slow_repeats(p),
         "open + Mixture + Loader(start_step) + 1 batch",
     )
 
@@ -276,7 +271,7 @@ def w_startup(p: dict) -> list[ms.Metric]:
         ds = rx.open_dataset(root)
         _ = np.array(ds[len(ds) - 1]["tokens"])
 
-    t = ms.median_seconds(run, int(p.get("repeats", 3)))
+    t = ms.median_seconds(run, ms.slow_repeats(p))
     n = len(rx.open_dataset(root).shards)
     return [
         ms.metric(

@@ -86,7 +86,7 @@ def w_write_lm(p: dict) -> list[ms.Metric]:
     out = dg.data_dir(spec, SYSTEM) / "write-test"
     mb = sum(d.nbytes for d in docs) / 1e6
     run = lambda: _write(out, LM_COLUMNS, ({"tokens": d} for d in docs))  # noqa: E731
-    rate = ms.median_rate(run, mb, int(p.get("repeats", 3)), 0)
+    rate = ms.median_rate(run, mb, ms.slow_repeats(p), 0)
     shutil.rmtree(out, ignore_errors=True)
     return [ms.metric("write_lm", "MDSWriter(ndarray:int32, uncompressed) +fsync", rate, "MB/s")]
 
@@ -96,7 +96,7 @@ def w_write_images(p: dict) -> list[ms.Metric]:
     img, lab = dg.images(spec, 0, spec.num_images)
     out = dg.data_dir(spec, SYSTEM) / "write-test"
     run = lambda: _write(out, IMAGE_COLUMNS, _image_samples(img, lab))  # noqa: E731
-    rate = ms.median_rate(run, (img.nbytes + lab.nbytes) / 1e6, int(p.get("repeats", 3)), 0)
+    rate = ms.median_rate(run, (img.nbytes + lab.nbytes) / 1e6, ms.slow_repeats(p), 0)
     shutil.rmtree(out, ignore_errors=True)
     return [ms.metric("write_images", "MDSWriter(uncompressed) +fsync", rate, "MB/s")]
 
@@ -107,11 +107,10 @@ def w_read_single(p: dict) -> list[ms.Metric]:
     idx = dg.random_indices(spec.num_images, int(p.get("count", 20000)), 1).tolist()
     buf = np.empty(dg.IMAGE_SHAPE, np.uint8)
 
-    def run() -> None:
-        for i in idx:
-            buf[...] = ds[i]["image"]
+    def one(i: int) -> None:
+        buf[...] = ds[i]["image"]
 
-    rate = ms.median_rate(run, len(idx), int(p.get("repeats", 5)))
+    rate = ms.items_rate(one, idx, int(p.get("repeats", 5)))
     return [ms.metric("read_single", "StreamingDataset[i] + copy", rate, "records/s")]
 
 
@@ -228,7 +227,7 @@ def _resume(p: dict, workload: str, num_sources: int) -> list[ms.Metric]:
     if num_sources > 1:
         notes += "; Stream proportions upsample instead of exhausting"
     return ms.resume_series(
-        workload, first_batch, dg.RESUME_STEPS, dg.step_label, int(p.get("repeats", 3)), notes
+        workload, first_batch, dg.RESUME_STEPS, dg.step_label, ms.slow_repeats(p), notes
     )
 
 
@@ -256,7 +255,7 @@ def w_startup(p: dict) -> list[ms.Metric]:
         ds = _dataset(root)
         _ = np.array(ds[len(ds) - 1]["tokens"])
 
-    t = ms.median_seconds(run, int(p.get("repeats", 3)))
+    t = ms.median_seconds(run, ms.slow_repeats(p))
     n = len(list(root.glob("*.mds")))
     return [
         ms.metric(

@@ -455,3 +455,29 @@ def test_locate_matches_a_position_by_position_reference_of_the_documented_seman
     sources_, draws = m.draws(0, WALK)
     assert list(zip(sources_.tolist(), draws.tolist(), strict=True)) == expected
     assert len(expected) == stop
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    weights=st.lists(st.sampled_from([1, 2, 3, 7, 100, 10**6]), min_size=1, max_size=12),
+    data=st.data(),
+)
+def test_each_source_stays_within_its_own_rate_dependent_bound(weights: list[int], data) -> None:
+    caps = data.draw(
+        st.lists(
+            st.one_of(st.none(), st.integers(1, 60)), min_size=len(weights), max_size=len(weights)
+        )
+    )
+    il = Interleave(weights, caps)
+    k_a = len(il.active)
+    top = {k: Fraction(0) for k in il.active}  # each source's largest share of the fluid
+    ends = {k: Fraction(caps[k], weights[k]) if caps[k] is not None else None for k in il.active}
+    for v, rate in zip(il._seg_v, il._seg_rate, strict=True):
+        for k in il.active:
+            if rate and (ends[k] is None or ends[k] > v):
+                top[k] = max(top[k], Fraction(weights[k], rate))
+    stop = 400 if il.total is None else min(il.total, 400)
+    for n in range(stop + 1):
+        for k, (c, f) in enumerate(zip(il.counts(n), il.fluid(n), strict=True)):
+            if k in top:
+                assert abs(c - f) <= (1 + max(k_a - 2, 0) * top[k]) / 2, (n, k)

@@ -138,7 +138,7 @@ class Checkpointer:
                 f"Checkpointer.restore: checkpoint {step} in {self.directory} does not fit "
                 f"the given state ({exc}, expected the same pytree structure and shapes)"
             ) from exc
-        return Restored(step=step, state=items.state, loader_state=dict(items.loader))
+        return Restored(step=step, state=items["state"], loader_state=dict(items["loader"]))
 
     def wait(self) -> None:
         """Blocks until the save in flight (if any) is complete on disk."""

@@ -45,31 +45,17 @@ ALL_WORKLOADS = (
     "startup",
 )
 
+# Cold-cache loader batches: roxxel against the plain memmap reader only (issue 3).
+COLD_TRAIN = ("train_images_cold",)
 BASELINE = System(
     "megatron-memmap",
     "baseline_worker.py",
-    ("limits", *[w for w in ALL_WORKLOADS if w != "resume_mix"]),
+    ("limits", *[w for w in ALL_WORKLOADS if w != "resume_mix"], *COLD_TRAIN),
 )
-ROXXEL = System("roxxel", "roxxel_worker.py", ALL_WORKLOADS)
+ROXXEL = System("roxxel", "roxxel_worker.py", (*ALL_WORKLOADS, *COLD_TRAIN))
 PEERS = (
     System("grain", "grain_worker.py", ALL_WORKLOADS, venv="grain"),
-    System(
-        "roxxel 0.9.14",
-        "roxxel09_worker.py",
-        (
-            "write_lm",
-            "write_images",
-            "read_single",
-            "read_batch_warm",
-            "read_batch_cold",
-            "train_tokens",
-            "train_images",
-            "resume",
-            "resume_mix",
-            "startup",
-        ),
-        venv="roxxel09",
-    ),
+    System("roxxel 0.9.14", "roxxel09_worker.py", ALL_WORKLOADS, venv="roxxel09"),
     System("mosaicml-streaming", "streaming_worker.py", ALL_WORKLOADS, venv="streaming"),
     System("hf-datasets", "hf_worker.py", ALL_WORKLOADS, venv="hf"),
 )

@@ -22,6 +22,7 @@ WORKLOADS: dict[str, str] = {
     "read_batch_cold": "Batched random reads, cold cache (posix_fadvise DONTNEED)",
     "train_tokens": "Shuffled training batches: token windows 64 x 2048 (int32)",
     "train_images": "Shuffled training batches: images 256 x 3x64x64 (uint8) + labels",
+    "train_images_cold": "Shuffled image batches, cold cache: the first batches after eviction",
     "resume": "Time to first batch when resuming at step N (token windows 64 x 2048)",
     "resume_mix": "Time to first batch when resuming a 4-source mixture at step N",
     "startup": "Startup: open a 1,000-shard dataset and read one record",

@@ -212,6 +212,35 @@ def w_train_images(p: dict) -> list[ms.Metric]:
     return [ms.metric("train_images", "bare np.take gather (limit)", rate, "batches/s")]
 
 
+def w_train_images_cold(p: dict) -> list[ms.Metric]:
+    """The first batches of a shuffled epoch right after the files left the page cache."""
+    spec = _spec(p)
+    ensure_data(spec)
+    img, lab = _image_memmap(spec)
+    bi = np.empty((dg.IMAGE_BATCH, *dg.IMAGE_SHAPE), np.uint8)
+    bl = np.empty(dg.IMAGE_BATCH, np.int64)
+    n = min(int(p.get("cold_batches", 10)), spec.num_images // dg.IMAGE_BATCH)
+    rates = []
+    for rep in range(ms.slow_repeats(p)):
+        order = np.random.default_rng([rep, 5]).permutation(spec.num_images)
+        ms.drop_cache(list(_paths(spec)[1:]))
+        t0 = time.perf_counter()
+        for s in range(n):
+            idx = order[s * dg.IMAGE_BATCH : (s + 1) * dg.IMAGE_BATCH]
+            np.take(img, idx, axis=0, out=bi)
+            np.take(lab, idx, axis=0, out=bl)
+        rates.append(n / (time.perf_counter() - t0))
+    return [
+        ms.metric(
+            "train_images_cold",
+            "np.memmap + np.take (kernel readahead only)",
+            float(np.median(rates)),
+            "batches/s",
+            notes=f"first {n} batches",
+        )
+    ]
+
+
 def w_resume(p: dict) -> list[ms.Metric]:
     """Megatron-style resume: a materialized shuffle index over the windows, then one batch."""
     spec = _spec(p)
@@ -299,6 +328,7 @@ WORKLOADS = {
     "read_batch_cold": lambda p: w_read_batch(p, cold=True),
     "train_tokens": w_train_tokens,
     "train_images": w_train_images,
+    "train_images_cold": w_train_images_cold,
     "resume": w_resume,
     "startup": w_startup,
 }

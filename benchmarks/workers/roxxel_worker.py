@@ -208,6 +208,36 @@ def w_train_images(p: dict) -> list[ms.Metric]:
     return res
 
 
+def w_train_images_cold(p: dict) -> list[ms.Metric]:
+    """The Loader's first batches right after the dataset's files left the page cache."""
+    spec = _spec(p)
+    path = ensure_data(spec)[1]
+    files = ms.files_under(path)
+    n = min(int(p.get("cold_batches", 10)), spec.num_images // dg.IMAGE_BATCH)
+    rates = []
+    loader_cls, config = _api("Loader"), _api("LoaderConfig")(num_epochs=None)
+    with loader_cls(_rx().open_dataset(path), dg.IMAGE_BATCH, config=config) as warm:
+        next(iter(warm))  # imports and first-use costs stay outside the timings
+    for rep in range(ms.slow_repeats(p)):
+        ds = _rx().open_dataset(path)
+        ms.drop_cache(files)
+        t0 = time.perf_counter()
+        with loader_cls(ds, dg.IMAGE_BATCH, seed=rep + 1, config=config) as loader:
+            it = iter(loader)
+            for _ in range(n):
+                next(it)
+        rates.append(n / (time.perf_counter() - t0))
+    return [
+        ms.metric(
+            "train_images_cold",
+            "Loader (readahead of the known order)",
+            float(np.median(rates)),
+            "batches/s",
+            notes=f"first {n} batches",
+        )
+    ]
+
+
 def _short(e: Exception) -> str:
     msg = str(e) if str(e).startswith("not available yet") else f"{type(e).__name__}: {e}"
     return msg[:300]
@@ -297,6 +327,7 @@ WORKLOADS = {
     "read_batch_cold": lambda p: w_read_batch(p, cold=True),
     "train_tokens": w_train_tokens,
     "train_images": w_train_images,
+    "train_images_cold": w_train_images_cold,
     "resume": w_resume,
     "resume_mix": w_resume_mix,
     "startup": w_startup,

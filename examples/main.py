@@ -144,7 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     with make_loader(datasets, args) as loader:
-        result = fit(make_step(model, SOURCES), state, loader, config=config)
+        try:
+            result = fit(make_step(model, SOURCES), state, loader, config=config)
+        except roxxel.StateError as exc:
+            print(f"{exc}\n{config.out_dir} holds a run with other settings: use another --out")
+            return 1
     summarize(result, datasets)
     return 0
 

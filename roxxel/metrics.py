@@ -248,7 +248,8 @@ class MetricsLogger:
         if self._console is None:
             return
         if record.get("event") == "crash":
-            self._console.write(f"crashed at step {record['step']}: {record['error']}\n")
+            at = "" if record["step"] is None else f" at step {record['step']}"
+            self._console.write(f"crashed{at}: {record['error']}\n")
         elif "event" in record:
             if not record.get("message"):
                 return

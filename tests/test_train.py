@@ -388,6 +388,45 @@ def test_real_loader_resumes_with_the_same_batches_and_losses(tmp_path: Path) ->
     assert float(whole.state["w"]) == float(resumed.state["w"])
 
 
+def test_flax_nnx_model_and_optimizer_train_and_resume(tmp_path: Path) -> None:
+    nnx = pytest.importorskip("flax.nnx")
+    optax = pytest.importorskip("optax")
+
+    def build() -> tuple[Any, Any]:
+        model = nnx.Linear(4, 1, rngs=nnx.Rngs(0))
+        optimizer = nnx.Optimizer(model, optax.sgd(0.05), wrt=nnx.Param)
+        graphdef, state = nnx.split((model, optimizer))
+        return graphdef, state
+
+    graphdef, _ = build()
+
+    def step(state: Any, batch: Any) -> Any:
+        model, optimizer = nnx.merge(graphdef, state)
+
+        def loss_fn(model: Any) -> jax.Array:
+            return jnp.mean((model(batch["x"])[:, 0] - batch["y"]) ** 2)
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        optimizer.update(model, grads)
+        return nnx.state((model, optimizer)), loss
+
+    whole = fit(step, build()[1], FakeLoader(), config=config(tmp_path / "a"))
+    fit(step, build()[1], FakeLoader(), config=config(tmp_path / "b", num_steps=8))
+    resumed = fit(step, build()[1], FakeLoader(), config=config(tmp_path / "b"))
+    assert resumed.start_step == 8
+    assert read_log(tmp_path / "a")[0] == read_log(tmp_path / "b")[0]
+    assert steps_losses(tmp_path / "a")[-1] < steps_losses(tmp_path / "a")[0]
+    model, _ = nnx.merge(graphdef, resumed.state)
+    np.testing.assert_array_equal(
+        model.kernel[...], nnx.merge(graphdef, whole.state)[0].kernel[...]
+    )
+
+
+def steps_losses(out: Path) -> list[float]:
+    steps, _ = read_log(out)
+    return [steps[s][0]["loss"] for s in sorted(steps)]
+
+
 # ---- the metrics logger on its own ------------------------------------------------------
 
 

@@ -191,6 +191,12 @@ class MixturePlan:
                 f"loader: batch_size for a Mixture ({batch_size}, expected None or the "
                 f"mixture's batch size at step 0, {first})"
             )
+        overrides = [ph.seq_len for ph in getattr(mixture, "phases", ()) if ph.seq_len is not None]
+        if overrides:
+            raise ConfigError(
+                f"loader: phase seq_len overrides are not supported by the loader ({overrides}, "
+                "expected None: give each phase's sources their own TokenWindows instead)"
+            )
         layouts = [Layout.of(s.layout) for s in sources]
         if any(other != layouts[0] for other in layouts[1:]):
             found = [dict(lay.spec()) for lay in layouts]
@@ -201,13 +207,22 @@ class MixturePlan:
         self._scratch: dict[int, dict[str, np.ndarray]] = {}
 
     def batch_size_at(self, step: int) -> int:
-        return int(self.mixture.batch_size_at(step))
+        origin = getattr(self.mixture, "origin_step", 0)
+        if step < origin:
+            raise ConfigError(
+                f"loader: step before the mixture's first step ({step}, expected >= {origin})"
+            )
+        end = self.mixture.phases[-1].end_step
+        return int(self.mixture.batch_size_at(step if end is None else min(step, end - 1)))
 
     def num_steps(self) -> int | None:
         return None
 
     def pick(self, step: int, rows: np.ndarray) -> Pick | None:
         batch_size = self.batch_size_at(step)
+        end = self.mixture.phases[-1].end_step
+        if end is not None and step >= end:
+            return None
         start = int(self.mixture.position_at(step))
         source_ids, records = self.mixture.locate(start, start + batch_size)
         num_valid = len(source_ids)

@@ -358,3 +358,69 @@ def test_per_field_shardings_place_each_field_its_own_way(dataset):
 def test_a_batch_the_mesh_cannot_split_is_a_config_error(dataset):
     with pytest.raises(ConfigError, match="divisible"):
         Loader(dataset, 6, sharding=(_mesh((8,), ("data",)), P("data")), config=_config())
+
+
+# --- mixtures ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def second(tmp_path_factory):
+    path = tmp_path_factory.mktemp("second")
+    schema = roxxel.Schema.parse({"label": "int64", "image": "float32[4]"})
+    with roxxel.DatasetWriter(path, schema, shard_bytes=300) as writer:
+        for i in range(11):
+            writer.write({"label": 1000 + i, "image": np.full(4, -i, np.float32)})
+    return roxxel.open_dataset(path)
+
+
+def _mixture(dataset, second):
+    phases = [
+        roxxel.Phase({"a": 1, "b": 1}, end_step=5),
+        roxxel.Phase({"a": 3, "b": 1}, end_step=9, batch_size=8),
+        roxxel.Phase({"a": 1, "b": 2}, end_step=14),
+    ]
+    return roxxel.Mixture({"a": dataset, "b": second}, phases, batch_size=4, caps={"b": 2}, seed=7)
+
+
+def test_a_mixture_source_yields_what_locate_says(dataset, second):
+    mixture = _mixture(dataset, second)
+    config = _config(provenance=True)
+    batches = _batches(Loader(mixture, config=config))
+    assert [len(b["label"]) for b in batches[:10]] == [4] * 5 + [8] * 4 + [4]
+    position = 0
+    for step, batch in enumerate(batches):
+        assert mixture.position_at(step) == position
+        sources, records = mixture.locate(position, position + len(batch["label"]))
+        position += len(batch["label"])
+        np.testing.assert_array_equal(batch["source"], sources)
+        np.testing.assert_array_equal(batch["record"], records)
+        np.testing.assert_array_equal(batch["label"], records + 1000 * sources)
+    assert (np.concatenate([b["source"] for b in batches]) == 1).sum() == 22  # b's cap: 2 epochs
+
+
+@pytest.mark.parametrize("k", [0, 1, 5, 9, 12])  # phase boundaries at 5 and 9
+def test_mixture_resume_matches_an_uninterrupted_run(dataset, second, k):
+    config = _config(final_batch="pad", provenance=True)
+    reference = _batches(Loader(_mixture(dataset, second), config=config))
+    first = Loader(_mixture(dataset, second), config=config)
+    _batches(first, num_steps=k) if k else None
+    resumed = Loader(_mixture(dataset, second), config=config)
+    resumed.restore(first.state())
+    _assert_same(_batches(resumed), reference[k:])
+
+
+def test_mixture_batches_place_on_the_mesh_when_the_batch_size_changes(dataset, second):
+    mesh = _mesh((4, 2), ("data", "model"))
+    config = _config(provenance=True)
+    expected = _batches(Loader(_mixture(dataset, second), config=config), num_steps=11)
+    got = _batches(Loader(_mixture(dataset, second), sharding=(mesh, P("data")), config=config), 11)
+    _assert_same(got, expected)
+
+
+def test_a_changed_mixture_refuses_the_old_state(dataset, second):
+    state = Loader(_mixture(dataset, second), config=_config(), start_step=6).state()
+    changed = roxxel.Mixture({"a": dataset, "b": second}, {"a": 1, "b": 1}, batch_size=4, seed=7)
+    with pytest.raises(StateError):
+        Loader(changed, config=_config()).restore(state)
+    with pytest.raises(ConfigError, match="batch_size"):
+        Loader(_mixture(dataset, second), 8, config=_config())

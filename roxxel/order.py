@@ -8,6 +8,7 @@ permutation array is ever built: any draw maps to its record in O(1) memory.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Sequence
@@ -214,13 +215,21 @@ def records_for_draws(
         return positions
     first, last = int(epochs.min()), int(epochs.max())
     if first == last:  # the common case: one epoch, no masks
-        return KeyedPermutation(n, epoch_key(seed, source, first))(positions)
+        return _epoch_permutation(n, seed, source, first)(positions)
     out = np.empty_like(positions)
     for epoch in np.unique(epochs).tolist():
         mask = epochs == epoch
-        perm = KeyedPermutation(n, epoch_key(seed, source, epoch))
+        perm = _epoch_permutation(n, seed, source, epoch)
         out[mask] = perm(positions[mask])
     return out
+
+
+@functools.lru_cache(maxsize=4096, typed=True)
+def _epoch_permutation(
+    num_items: int, seed: int, source: int | str, epoch: int
+) -> KeyedPermutation:
+    """The permutation of one epoch of one source; cached, as a batch meets few epochs."""
+    return KeyedPermutation(num_items, epoch_key(seed, source, epoch))
 
 
 def records_for_sources(
@@ -252,7 +261,7 @@ def records_for_sources(
     pairs, inverse = np.unique(epochs * len(sizes) + sources, return_inverse=True)
     pair_epochs, pair_sources = np.divmod(pairs, len(sizes))
     perms = [
-        KeyedPermutation(int(sizes[k]), epoch_key(seed, names[k], e))
+        _epoch_permutation(int(sizes[k]), seed, names[k], e)
         for e, k in zip(pair_epochs.tolist(), pair_sources.tolist(), strict=True)
     ]
     inverse = inverse.ravel()

@@ -481,3 +481,26 @@ def test_each_source_stays_within_its_own_rate_dependent_bound(weights: list[int
         for k, (c, f) in enumerate(zip(il.counts(n), il.fluid(n), strict=True)):
             if k in top:
                 assert abs(c - f) <= (1 + max(k_a - 2, 0) * top[k]) / 2, (n, k)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    weights=st.lists(
+        st.one_of(st.integers(1, 10), st.integers(2**50, 2**70)), min_size=1, max_size=6
+    ),
+    data=st.data(),
+)
+def test_sort_draws_equals_an_exact_sort_for_any_weights(weights: list[int], data) -> None:
+    num = data.draw(st.integers(1, 200))
+    sources_ = np.asarray(
+        data.draw(st.lists(st.integers(0, len(weights) - 1), min_size=num, max_size=num))
+    )
+    draws = np.asarray(
+        data.draw(st.lists(st.integers(0, 2**40), min_size=num, max_size=num)), np.int64
+    )
+    order = sort_draws(sources_, draws, weights)
+    keys = [
+        (Fraction(2 * int(d) + 1, 2 * weights[int(s)]), int(s), i)
+        for i, (s, d) in enumerate(zip(sources_, draws, strict=True))
+    ]
+    assert [keys[i][:2] for i in order] == [k[:2] for k in sorted(keys)]

@@ -1,0 +1,116 @@
+"""One process of a real multi-host run of `roxxel.Loader`, started by test_loader_multihost.py.
+
+Usage: python loader_multihost_worker.py PORT NUM_PROCESSES PROCESS_ID DATA_DIR OUT_DIR, with
+XLA_FLAGS (--xla_force_host_platform_device_count) and JAX_PLATFORMS=cpu set by the parent.
+
+For every mesh layout the process runs the real Loader over token windows of DATA_DIR, with a
+source wrapper that records every window index it reads. It gathers each global batch to
+every process and saves, as ``OUT_DIR/<process>.npz``, the gathered batches and the indices
+it read, for the parent to compare with a single-process run.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+import roxxel
+from roxxel.loader import Loader, LoaderConfig
+from roxxel.views import TokenWindows
+
+LAYOUTS = ("dp", "fsdp", "dp_tp", "seq", "tp_across")
+BATCH, SEQ_LEN, START_STEP, NUM_STEPS, SEED = 16, 8, 3, 4, 5
+CONFIG = LoaderConfig(num_epochs=None, final_batch="pad", provenance=True)
+
+
+class CountingSource:
+    """A source that delegates to another and records the indices of every read."""
+
+    def __init__(self, inner: TokenWindows) -> None:
+        self.inner = inner
+        self.reads: list[np.ndarray] = []
+
+    @property
+    def layout(self):
+        return self.inner.layout
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def read(self, indices, out) -> None:
+        self.reads.append(np.array(indices))
+        self.inner.read(indices, out)
+
+    def advise(self, indices) -> None:
+        self.inner.advise(indices)
+
+    def fingerprint(self) -> str:
+        return self.inner.fingerprint()
+
+
+def windows(data_dir: str) -> TokenWindows:
+    ds = roxxel.open_dataset(data_dir)
+    return TokenWindows(ds, "tokens", SEQ_LEN, document_structure=True, split_targets=True)
+
+
+def mesh_and_spec(layout: str, num_processes: int) -> tuple[Mesh, P]:
+    devices = np.array(sorted(jax.devices(), key=lambda d: (d.process_index, d.id)))
+    total = devices.size
+    if layout == "dp":
+        return Mesh(devices, ("data",)), P("data")
+    if layout == "fsdp":
+        return Mesh(devices.reshape(2, total // 2), ("data", "fsdp")), P(("data", "fsdp"))
+    if layout == "dp_tp":  # the model axis pairs two devices of one process
+        return Mesh(devices.reshape(total // 2, 2), ("data", "model")), P("data")
+    if layout == "seq":
+        return Mesh(devices.reshape(total // 2, 2), ("data", "seq")), P("data", "seq")
+    # tp_across: the model axis spans the processes, so every process holds every row
+    grid = devices.reshape(num_processes, total // num_processes).T
+    return Mesh(grid, ("data", "model")), P("data")
+
+
+def run_layout(layout: str, num_processes: int, data_dir: str, out: dict) -> None:
+    mesh, spec = mesh_and_spec(layout, num_processes)
+    source = CountingSource(windows(data_dir))
+    loader = Loader(
+        source, BATCH, sharding=(mesh, spec), seed=SEED, start_step=START_STEP, config=CONFIG
+    )
+    with loader:
+        for i in range(NUM_STEPS):
+            batch = next(loader)
+            for name, array in batch.items():
+                out[f"{layout}/{i}/{name}"] = np.asarray(
+                    multihost_utils.process_allgather(array, tiled=True)
+                )
+    out[f"{layout}/reads"] = np.stack(source.reads[:NUM_STEPS])  # later ones were prefetched
+
+
+def main(argv: list[str]) -> int:
+    port, num_processes, process_id = (int(a) for a in argv[:3])
+    data_dir, out_dir = argv[3], argv[4]
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        f"127.0.0.1:{port}", num_processes, process_id, initialization_timeout=60
+    )
+    try:
+        out: dict[str, np.ndarray] = {}
+        for layout in LAYOUTS:
+            run_layout(layout, num_processes, data_dir, out)
+        np.savez(f"{out_dir}/{jax.process_index()}.npz", **out)
+    finally:
+        jax.distributed.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except Exception:
+        traceback.print_exc()
+        sys.exit(1)

@@ -242,3 +242,12 @@ def test_every_peer_venv_is_pinned():
 def test_worker_scripts_exist_for_every_system():
     for system in (systems.ROXXEL, systems.BASELINE, *systems.PEERS):
         assert (Path(systems.WORKERS) / system.worker).is_file()
+
+
+def test_roxxel_rows_compare_with_roxxels_first_row_of_the_workload():
+    rows = [
+        table.Row("roxxel", "resume", "step 0", 0.010, "s", higher_is_better=False),
+        table.Row("roxxel", "resume", "step 1e8", 0.012, "s", higher_is_better=False),
+        table.Row("grain", "resume", "step 1e8", 0.024, "s", higher_is_better=False),
+    ]
+    assert [table.ratio(rows, r) for r in rows] == ["1.00x", "1.20x", "2.00x"]

@@ -26,6 +26,7 @@ _LAZY = {
     "Records": "roxxel.views",
     "Mixture": "roxxel.mixture",
     "Phase": "roxxel.mixture",
+    "Cap": "roxxel.mixture",
     "KeyedPermutation": "roxxel.order",
     "batch_sharding": "roxxel.device",
 }
@@ -50,6 +51,7 @@ __all__ = [
     "write_manifest",
     "write_shard",
     # loaded on first use (see _LAZY)
+    "Cap",
     "KeyedPermutation",
     "Loader",
     "LoaderConfig",

@@ -28,7 +28,7 @@ LAYERS: list[set[str]] = [
         "ingest_text",
     },
     {"column", "mixture", "ingest"},
-    {"batch", "plan"},
+    {"batch", "plan", "mixture_toml"},
     {"reader", "writer"},
     {"dataset_writer"},
     {"dataset"},

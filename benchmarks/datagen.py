@@ -57,7 +57,7 @@ class DataSpec:
 
 
 SPECS: dict[str, DataSpec] = {
-    "tiny": DataSpec("tiny", lm_tokens=200_000, num_images=300),
+    "tiny": DataSpec("tiny", lm_tokens=1 << 20, num_images=640),  # smoke runs: 4 + 8 MiB
     "small": DataSpec("small", lm_tokens=16 << 20, num_images=4096),  # 64 MiB + 48 MiB
     "full": DataSpec("full", lm_tokens=256 << 20, num_images=16384),  # 1 GiB + 192 MiB
 }

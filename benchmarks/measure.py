@@ -12,6 +12,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable
@@ -64,8 +65,32 @@ def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 0) 
     return statistics.median(timed(fn) for _ in range(repeats))
 
 
+_PEAK_ANON_KIB = [0]
+
+
+def _anon_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+    return 0
+
+
+def start_anon_sampler(period_s: float = 0.02) -> None:
+    """Track the peak of anonymous resident memory (the kernel keeps only the peak RSS)."""
+
+    def loop() -> None:
+        while True:
+            try:
+                _PEAK_ANON_KIB[0] = max(_PEAK_ANON_KIB[0], _anon_kib())
+            except OSError:
+                return
+            time.sleep(period_s)
+
+    threading.Thread(target=loop, name="anon-sampler", daemon=True).start()
+
+
 def memory() -> dict[str, float]:
-    """Peak RSS, current RSS and anonymous resident memory of this process, in MiB."""
+    """Peak RSS, current RSS, current and peak anonymous resident memory, in MiB."""
     fields = {"VmHWM": "peak_rss_mib", "VmRSS": "rss_mib", "RssAnon": "anon_mib"}
     out: dict[str, float] = {}
     try:
@@ -73,6 +98,11 @@ def memory() -> dict[str, float]:
             key, _, rest = line.partition(":")
             if key in fields:
                 out[fields[key]] = round(int(rest.split()[0]) / 1024, 1)
+    except OSError:
+        pass
+    try:
+        peak_anon = max(_PEAK_ANON_KIB[0], _anon_kib())
+        out["peak_anon_mib"] = round(peak_anon / 1024, 1)
     except OSError:
         pass
     try:  # worker processes a system started (grain mp_prefetch, torch DataLoader workers)
@@ -179,6 +209,7 @@ def worker_main(
 ) -> int:
     """Entry point of a worker: ``python -m ... WORKLOAD '{json params}'``."""
     name, params = sys.argv[1], json.loads(sys.argv[2] if len(sys.argv) > 2 else "{}")
+    start_anon_sampler()
     if name not in workloads:
         emit(False, [], {}, f"unknown workload {name!r} (expected one of {sorted(workloads)})")
         return 2

@@ -118,7 +118,7 @@ def parse_output(
                 notes,
                 m.get("error", ""),
                 mem.get("peak_rss_mib"),
-                mem.get("anon_mib"),
+                mem.get("peak_anon_mib", mem.get("anon_mib")),
             )
         )
     return rows, versions

@@ -107,7 +107,7 @@ def render_section(rows: list[Row], workload: str) -> str:
     lines = [
         f"### {WORKLOADS.get(workload, workload)}",
         "",
-        "| system | variant | value | vs roxxel | peak RSS MiB | anon MiB | notes |",
+        "| system | variant | value | vs roxxel | peak RSS MiB | peak anon MiB | notes |",
         "|---|---|---:|---:|---:|---:|---|",
     ]
     for r in mine:

@@ -152,7 +152,7 @@ def test_worker_output_becomes_rows_with_memory():
         "ok": True,
         "metrics": [metric],
         "versions": {"x": "1"},
-        "memory": {"peak_rss_mib": 10.0, "anon_mib": 2.0, "children_peak_rss_mib": 30.0},
+        "memory": {"peak_rss_mib": 10.0, "peak_anon_mib": 2.0, "children_peak_rss_mib": 30.0},
     }
     rows, versions = systems.parse_output(
         "grain", "read_single", "noise\n" + json.dumps(out), "", 0

@@ -240,14 +240,22 @@ class _Assembler:
         self._layout = plan.layout(extras=_extras(config))
         self._pools: dict[int, BufferPool] = {}
         self._advised = -1
+        self._rows: dict[int, np.ndarray] = {}
+        self._plans: dict[tuple[Any, ...], dict[str, device.RowPlan]] = {}
         self._device_fn = jax.jit(config.device_transform) if config.device_transform else None
 
     def check(self, batch_size: int) -> np.ndarray:
         """The rows this process reads at `batch_size` (validates the sharding once)."""
+        rows = self._rows.get(batch_size)
+        if rows is not None:
+            return rows
         if self._sharding is None:
-            return np.arange(batch_size, dtype=np.int64)
-        shapes = {name: (batch_size, *shape) for name, shape, _ in self._layout.fields}
-        return device.union_rows(device.plan_fields(self._sharding, shapes).values())
+            rows = np.arange(batch_size, dtype=np.int64)
+        else:
+            shapes = {name: (batch_size, *shape) for name, shape, _ in self._layout.fields}
+            rows = device.union_rows(device.plan_fields(self._sharding, shapes).values())
+        self._rows[batch_size] = rows
+        return rows
 
     def __call__(self, step: int) -> Batch | None:
         batch_size = self._plan.batch_size_at(step)
@@ -263,13 +271,20 @@ class _Assembler:
             host = self._config.host_transform(host, host_rng(self._seed, step))
         if self._sharding is None:
             return host
-        shapes = {name: (batch_size, *array.shape[1:]) for name, array in host.items()}
-        plans = device.plan_fields(self._sharding, shapes)
+        plans = self._plans_for(batch_size, host)
         placed = device.place_fields(plans, host, rows=rows)
         del host
         if self._device_fn is None:
             return placed
         return self._device_fn(placed, jax.random.fold_in(jax.random.key(self._seed), step))
+
+    def _plans_for(self, batch_size: int, host: Batch) -> dict[str, device.RowPlan]:
+        shapes = {name: (batch_size, *array.shape[1:]) for name, array in host.items()}
+        key = tuple(shapes.items())
+        plans = self._plans.get(key)
+        if plans is None:
+            plans = self._plans[key] = device.plan_fields(self._sharding, shapes)
+        return plans
 
     def _pool(self, batch_size: int, num_rows: int) -> BufferPool:
         pool = self._pools.get(batch_size)

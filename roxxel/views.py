@@ -251,23 +251,41 @@ class TokenWindows:
         """
         starts = self._window_starts(indices)
         if self.split_targets:
-            inputs, targets = out["inputs"], out["targets"]
-            for row, start in enumerate(starts.tolist()):
-                self._copy(start, inputs[row])
-                self._copy(start + 1, targets[row])
+            self._copy_rows(starts, out["inputs"], 0)
+            self._copy_rows(starts, out["targets"], 1)
         else:
-            tokens = out[self.field]
-            for row, start in enumerate(starts.tolist()):
-                self._copy(start, tokens[row])
+            self._copy_rows(starts, out[self.field], 0)
         if self.document_structure:
             self._document_fields(starts, out["segment_ids"], out["positions"])
 
     def advise(self, indices: np.ndarray) -> None:
         """Ask the kernel to read ahead the pages of these windows (advisory, never raises)."""
         itemsize = self._dtype.itemsize
-        for start in self._window_starts(indices).tolist():
-            for shard, lo, hi in self._pieces(start, self.width):
-                self.dataset.shard(shard).advise(self.field, lo * itemsize, hi * itemsize)
+        starts = self._window_starts(indices)
+        shards, local, inside = self._locate(starts, self.width)
+        rows = zip(starts.tolist(), shards.tolist(), local.tolist(), inside.tolist(), strict=True)
+        for start, shard, lo, whole in rows:
+            pieces = [(shard, lo, lo + self.width)] if whole else self._pieces(start, self.width)
+            for k, a, b in pieces:
+                self.dataset.shard(k).advise(self.field, a * itemsize, b * itemsize)
+
+    def _locate(self, starts: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per window: its first shard, its start in that shard, whether it ends there."""
+        shards = np.searchsorted(self._starts, starts, side="right") - 1
+        local = starts - self._starts[shards]
+        return shards, local, starts + width <= self._starts[shards + 1]
+
+    def _copy_rows(self, starts: np.ndarray, dst: np.ndarray, shift: int) -> None:
+        """dst[row] = stream[starts[row] + shift :][: dst.shape[1]]: one slice per window
+        inside a shard, the general path for the few that cross one."""
+        width = dst.shape[1]
+        shards, local, inside = self._locate(starts + shift, width)
+        rows = zip(shards.tolist(), local.tolist(), inside.tolist(), strict=True)
+        for row, (shard, lo, whole) in enumerate(rows):
+            if whole:
+                dst[row] = self._flat(shard)[lo : lo + width]
+            else:
+                self._copy(int(starts[row]) + shift, dst[row])
 
     def _window_starts(self, indices: np.ndarray) -> np.ndarray:
         indices = np.asarray(indices, dtype=np.int64)

@@ -186,6 +186,8 @@ class Prefetcher:
         """Stop producing, drop what is queued, join the thread."""
         self._done = True
         self._stop.set()
+        if threading.current_thread() is self._thread:
+            return  # closed from inside produce (a transform dropped its owner): it exits now
         while self._thread.is_alive():
             self._drain()
             self._thread.join(timeout=0.05)

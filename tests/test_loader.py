@@ -19,6 +19,7 @@ from jax.sharding import PartitionSpec as P
 import roxxel
 from roxxel.errors import ConfigError, StateError
 from roxxel.loader import Loader, LoaderConfig, host_rng
+from roxxel.pipeline import BufferPool, Layout, Prefetcher
 from roxxel.views import TokenWindows
 
 if jax.device_count() < 8:
@@ -424,3 +425,42 @@ def test_a_changed_mixture_refuses_the_old_state(dataset, second):
         Loader(changed, config=_config()).restore(state)
     with pytest.raises(ConfigError, match="batch_size"):
         Loader(_mixture(dataset, second), 8, config=_config())
+
+
+# --- pipeline pieces -----------------------------------------------------------------------
+
+
+def test_buffer_pool_takes_a_buffer_back_only_when_every_view_is_gone():
+    pool = BufferPool(Layout.of({"x": ((3,), np.int32), "y": ((), np.float64)}), 5, keep=1)
+    batch = pool.acquire()
+    assert all(a.ctypes.data % 64 == 0 for a in batch.values())
+    view = batch["x"][2:]
+    del batch
+    gc.collect()
+    assert pool.acquire() is not None and pool.num_allocated == 2  # the first is still held
+    del view
+    gc.collect()
+    again = pool.acquire()
+    assert pool.num_allocated == 2 and again["x"].shape == (5, 3)
+
+
+def test_prefetcher_yields_steps_in_order_then_none():
+    prefetcher = Prefetcher(lambda step: step * 10 if step < 4 else None, start=1, depth=2)
+    got = [prefetcher.get() for _ in range(4)]
+    assert got == [(1, 10), (2, 20), (3, 30), None]
+    prefetcher.close()
+    assert not prefetcher.alive
+
+
+def test_prefetcher_raises_the_original_exception_and_joins():
+    def produce(step):
+        if step == 2:
+            raise KeyError("missing")
+        return step
+
+    prefetcher = Prefetcher(produce, start=0, depth=1)
+    assert prefetcher.get() == (0, 0) and prefetcher.get() == (1, 1)
+    with pytest.raises(KeyError, match="missing"):
+        prefetcher.get()
+    assert not prefetcher.alive
+    assert prefetcher.get() is None

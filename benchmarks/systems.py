@@ -50,7 +50,7 @@ COLD_TRAIN = ("train_images_cold",)
 BASELINE = System(
     "megatron-memmap",
     "baseline_worker.py",
-    ("limits", *[w for w in ALL_WORKLOADS if w != "resume_mix"], *COLD_TRAIN),
+    ("limits", *ALL_WORKLOADS, *COLD_TRAIN),
 )
 ROXXEL = System("roxxel", "roxxel_worker.py", (*ALL_WORKLOADS, *COLD_TRAIN))
 PEERS = (

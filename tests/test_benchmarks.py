@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import datagen, measure, megatron, run, systems, table, venvs
+from benchmarks import blend, datagen, measure, megatron, run, systems, table, venvs
 
 SMALL = datagen.DataSpec("unit", lm_tokens=50_000, num_images=40, seed=3)
 
 
-@pytest.mark.parametrize("module", [datagen, megatron, table])
+@pytest.mark.parametrize("module", [datagen, megatron, table, blend])
 def test_doctests_of_benchmark_modules_pass(module):
     assert doctest.testmod(module).failed == 0
 
@@ -251,3 +251,13 @@ def test_roxxel_rows_compare_with_roxxels_first_row_of_the_workload():
         table.Row("grain", "resume", "step 1e8", 0.024, "s", higher_is_better=False),
     ]
     assert [table.ratio(rows, r) for r in rows] == ["1.00x", "1.20x", "2.00x"]
+
+
+def test_blend_index_matches_the_greedy_rule_compiled_or_not(monkeypatch):
+    weights = [0.5, 0.3, 0.15, 0.05]
+    got = blend.build_blend_index(weights, 2000)
+    monkeypatch.setattr(blend, "_compiled", lambda: None)
+    slow = blend.build_blend_index(weights, 2000)
+    assert np.array_equal(got[0], slow[0]) and np.array_equal(got[1], slow[1])
+    counts = np.bincount(got[0], minlength=4)
+    assert np.all(np.abs(counts - 2000 * np.array(weights)) <= 1)

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.append(str(Path(__file__).resolve().parents[2]))
+from benchmarks import blend
 from benchmarks import datagen as dg
 from benchmarks import measure as ms
 from benchmarks.megatron import IndexedReader, write_indexed
@@ -264,6 +265,38 @@ def w_resume(p: dict) -> list[ms.Metric]:
     )
 
 
+def w_resume_mix(p: dict) -> list[ms.Metric]:
+    """Megatron's blended resume: the greedy blend index over every sample up to the step
+    (built before the first batch), then one batch. Past 64 M samples it is extrapolated."""
+    spec = _spec(p)
+    ensure_data(spec)
+    toks = IndexedReader(_paths(spec)[0]).tokens
+    nwin, w = dg.num_windows(spec, dg.SEQ_LEN), dg.SEQ_LEN + 1
+    weights = [0.4, 0.3, 0.2, 0.1]
+    how = "compiled C loop" if blend.is_compiled() else "numpy loop (no C compiler)"
+    res, per_sample = [], 0.0
+    for step in dg.RESUME_STEPS:
+        n = (step + 1) * dg.TOKEN_BATCH
+        notes = f"greedy blend index over {n:,} samples ({how}), {10 * n / 2**20:,.0f} MiB"
+        if n > 65 * 10**6:
+            t = per_sample * n
+            notes += "; extrapolated from the largest measured build"
+        else:
+            t0 = time.perf_counter()
+            src, idx = blend.build_blend_index(weights, n)
+            rows = (idx[-dg.TOKEN_BATCH :] * 7919 + src[-dg.TOKEN_BATCH :]) % nwin
+            _ = np.stack([toks[r * w : (r + 1) * w] for r in rows.tolist()])
+            t = time.perf_counter() - t0
+            per_sample = t / n
+            del src, idx
+        res.append(
+            ms.metric(
+                "resume_mix", dg.step_label(step), t, "s", higher_is_better=False, notes=notes
+            )
+        )
+    return res
+
+
 def w_startup(p: dict) -> list[ms.Metric]:
     """Open 1,000 Megatron prefixes (one .bin/.idx pair each) and read one record."""
     spec = _spec(p)
@@ -330,6 +363,7 @@ WORKLOADS = {
     "train_images": w_train_images,
     "train_images_cold": w_train_images_cold,
     "resume": w_resume,
+    "resume_mix": w_resume_mix,
     "startup": w_startup,
 }
 

@@ -5,8 +5,9 @@
                  in its own venv under benchmarks/.venvs/ (created on first use).
 --small/--full   data size (64 MiB + 48 MiB, or 1 GiB + 192 MiB); --spec tiny for smoke runs.
 
-Writes benchmarks/results/<date>.md (+ .json with every row) and refreshes the summary in
-benchmarks/README.md; a tiny smoke run writes under benchmarks/.work/ instead.
+Writes benchmarks/results/<date>.md for a --peers run, <date>-quick.md otherwise (+ .json with
+every row), and refreshes the summary in benchmarks/README.md; a tiny smoke run writes under
+benchmarks/.work/ instead.
 """
 
 from __future__ import annotations
@@ -153,13 +154,19 @@ def update_readme(rows: list[Row], header: dict[str, str], out: Path) -> None:
     text = README.read_text()
     if MARK_START not in text or MARK_END not in text:
         return
-    rel = out.relative_to(HERE) if out.is_relative_to(HERE) else out
-    block = (
-        f"{MARK_START}\nLatest: [{rel}]({rel}), {header['date']}, {header['mode']}, on "
-        f"{header['machine']}.\n\n{render_sections(rows)}{MARK_END}"
-    )
+    rel = _rel(out)
+    lines = [f"Latest: [{rel}]({rel}), {header['date']}, {header['mode']}, on {header['machine']}."]
+    peers = sorted(p for p in (HERE / "results").glob("*.md") if not p.stem.endswith("-quick"))
+    if "--peers" not in header["mode"] and peers:
+        last = _rel(peers[-1])
+        lines.append(f"The latest side-by-side run with the peers: [{last}]({last}).")
+    block = f"{MARK_START}\n" + "\n".join(lines) + f"\n\n{render_sections(rows)}{MARK_END}"
     head, rest = text.split(MARK_START, 1)
     README.write_text(head + block + rest.split(MARK_END, 1)[1])
+
+
+def _rel(path: Path) -> Path:
+    return path.relative_to(HERE) if path.is_relative_to(HERE) else path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     header["duration"] = f"{time.perf_counter() - t0:.0f} s"
     smoke = args.spec == "tiny" and args.out is None
     day = header["date"][:10]
-    out = args.out or (HERE / (".work" if smoke else "results") / f"{day}.md")
+    name = f"{day}.md" if args.peers and not args.quick else f"{day}-quick.md"
+    out = args.out or (HERE / (".work" if smoke else "results") / name)
     write_results(rows, header, versions, out)
     if not smoke:
         update_readme(rows, header, out)

@@ -212,7 +212,7 @@ class MixturePlan:
             raise ConfigError(
                 f"loader: step before the mixture's first step ({step}, expected >= {origin})"
             )
-        end = self.mixture.phases[-1].end_step
+        end = self.mixture.end_step
         return int(self.mixture.batch_size_at(step if end is None else min(step, end - 1)))
 
     def num_steps(self) -> int | None:
@@ -220,7 +220,7 @@ class MixturePlan:
 
     def pick(self, step: int, rows: np.ndarray) -> Pick | None:
         batch_size = self.batch_size_at(step)
-        end = self.mixture.phases[-1].end_step
+        end = self.mixture.end_step
         if end is not None and step >= end:
             return None
         start = int(self.mixture.position_at(step))

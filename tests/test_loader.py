@@ -464,3 +464,36 @@ def test_prefetcher_raises_the_original_exception_and_joins():
         prefetcher.get()
     assert not prefetcher.alive
     assert prefetcher.get() is None
+
+
+def test_a_single_device_sharding_places_the_whole_batch_on_it(dataset):
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[3])
+    expected = _batches(Loader(dataset, 8, config=_config()), num_steps=2)
+    with Loader(dataset, 8, sharding=sharding, config=_config()) as loader:
+        got = [next(loader) for _ in range(2)]
+    assert got[0]["image"].devices() == {jax.devices()[3]}
+    _assert_same([{k: np.asarray(v) for k, v in b.items()} for b in got], expected)
+
+
+def test_iterating_again_after_break_continues_at_the_next_step(dataset):
+    config = _config(num_epochs=None)
+    reference = _batches(Loader(dataset, 4, config=config), num_steps=6)
+    loader = Loader(dataset, 4, config=config)
+    got = []
+    for _ in range(2):
+        for batch in loader:
+            got.append({k: np.array(v) for k, v in batch.items()})
+            if len(got) % 3 == 0:
+                break
+    loader.close()
+    _assert_same(got, reference)
+    assert loader.step == 6 and not _live_loader_threads()
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_restore_exactly_at_an_epoch_boundary(dataset, k):
+    config = _config(num_epochs=3)
+    reference = _batches(Loader(dataset, NUM_RECORDS, seed=2, config=config))
+    resumed = Loader(dataset, NUM_RECORDS, seed=2, config=config)
+    resumed.restore({**resumed.state(), "step": k})
+    _assert_same(_batches(resumed), reference[k:])

@@ -138,6 +138,12 @@ class Loader:
             source, batch_size, self.config, seed=self._seed, shuffle=shuffle
         )
         self._sharding = _resolve_sharding(sharding)
+        if self._sharding is None and self.config.device_transform is not None:
+            _bad(
+                "device_transform",
+                self.config.device_transform,
+                "a sharding to place batches first",
+            )
         self._assembler = _Assembler(self._plan, self._sharding, self.config, self._seed)
         self._assembler.check(self._plan.batch_size_at(self._step))
         self._fingerprint = fingerprint_of(

@@ -162,18 +162,18 @@ class TokenWindows:
     concatenating the field of every record in dataset order, where ``width`` is
     ``seq_len + 1`` with ``targets=True`` (inputs are ``w[:, :-1]``, targets ``w[:, 1:]``;
     consecutive windows share one token) and ``seq_len`` otherwise. ``stride`` defaults to
-    ``seq_len``. With ``split_targets=True`` (needs ``targets``) the window comes out as two
-    fields of ``seq_len``, ``"inputs"`` = ``w[:-1]`` and ``"targets"`` = ``w[1:]``, so that
-    both split evenly when the sequence dimension is sharded; otherwise it is one field named
-    like the dataset field. A window may cross record and shard boundaries; it is located in O(log S)
-    through ``dataset.element_starts`` (S shards) and copied with one slice per shard it
-    touches. The incomplete tail of the stream is not a window.
+    ``seq_len``. With ``split_targets=True`` (needs ``targets``) a window comes out as two
+    fields of ``seq_len``, ``"inputs"`` = ``w[:-1]`` and ``"targets"`` = ``w[1:]``, which
+    split evenly when the sequence dimension is sharded; otherwise it is one field named like
+    the dataset field. A window may cross record and shard boundaries; it is located in
+    O(log S) through ``dataset.element_starts`` (S shards) and copied with one slice per
+    shard it touches. The incomplete tail of the stream is not a window.
 
     With ``document_structure=True`` each window also has ``"segment_ids"`` (int32, 1 for the
-    document the window (its inputs, when split) starts in, +1 at each document start inside it; 0 never occurs, so it
-    can mean padding downstream) and ``"positions"`` (int32, 0 at the window start and at each
-    document start, +1 per token), the Megatron ``reset_position_ids`` convention. Empty
-    documents leave no trace.
+    document the window, or its inputs when split, starts in, +1 at each document start
+    inside it; 0 never occurs, so it can mean padding downstream) and ``"positions"`` (int32,
+    0 at the window start and at each document start, +1 per token), the Megatron
+    ``reset_position_ids`` convention. Empty documents leave no trace.
 
     Raises:
         ConfigError: the field is not a 1-D variable-length numeric field, or seq_len/stride

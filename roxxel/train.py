@@ -30,6 +30,7 @@ from typing import Any, Literal, Protocol
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 from roxxel.checkpoint import CheckpointConfig, Checkpointer
 from roxxel.errors import ConfigError
@@ -141,12 +142,25 @@ def _compile(step_fn: Callable[..., Any], skip: bool) -> Callable[..., Any]:
 
 
 class _StopSignals:
-    """Turns SIGTERM/SIGINT into a flag checked between steps; a second SIGINT interrupts."""
+    """Stop requests, checked between steps.
+
+    One process: SIGTERM/SIGINT set a flag (a second SIGINT interrupts at once). Several
+    processes (``jax.distributed``): JAX's preemption service owns SIGTERM, and
+    `reached_preemption_sync_point` makes every process stop at the same step.
+    """
 
     def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        self.multihost = enabled and jax.process_count() > 1
+        main_thread = threading.current_thread() is threading.main_thread()
+        self.enabled = enabled and main_thread and not self.multihost
         self.received: str | None = None
         self._previous: dict[int, Any] = {}
+
+    def requested(self, step: int) -> bool:
+        """Whether to stop before running `step` (all processes agree when several)."""
+        if self.multihost and multihost_utils.reached_preemption_sync_point(step):
+            self.received = "a preemption notice"
+        return self.received is not None
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.received is not None and signum == signal.SIGINT:
@@ -349,7 +363,7 @@ def _steps(
     carry = (state, jnp.zeros((), dtype=bool))
     save_every = run.config.save_every
     while run.step < run.config.num_steps:
-        if stop.received is not None:
+        if stop.requested(run.step):
             return "preempted", carry[0]
         try:
             batch = next(batches)

@@ -11,6 +11,7 @@ import io
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import roxxel
 from roxxel.checkpoint import CheckpointConfig, Checkpointer
@@ -295,8 +298,12 @@ def run_worker(out: Path, gate: int = -1) -> dict[str, Any]:
 
 
 def wait_for_gate(proc: subprocess.Popen[str], gate: int) -> None:
+    """Reads the worker's stdout up to its ``gate N`` line (other libraries print too)."""
     assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == f"gate {gate}"
+    for line in proc.stdout:
+        if line.strip() == f"gate {gate}":
+            return
+    pytest.fail(f"the worker exited (status {proc.wait()}) before reaching gate {gate}")
 
 
 def assert_same_steps(out: Path, reference: Path) -> None:
@@ -345,6 +352,78 @@ def test_sigterm_saves_exits_zero_and_a_restart_continues(
     assert (resumed["start"], resumed["step"]) == (13, 30)
     assert resumed["w"] == reference[1]["w"]
     assert_same_steps(tmp_path / "run", reference[0])
+
+
+def start_multihost(out: Path, port: int, gates: list[int]) -> list[subprocess.Popen[str]]:
+    root = str(Path(roxxel.__file__).resolve().parent.parent)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+        "JAX_PLATFORMS": "cpu",
+    }
+    procs = []
+    for pid, gate in enumerate(gates):
+        argv = [sys.executable, __file__, "multihost", str(port), str(len(gates)), str(pid)]
+        argv += [str(gate), str(out)]
+        procs.append(
+            subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+        )
+    return procs
+
+
+def finish_all(procs: list[subprocess.Popen[str]]) -> list[tuple[dict[str, Any], str]]:
+    """Each worker's summary and stderr; kills what is left if one fails."""
+    results = []
+    try:
+        for proc in procs:
+            stdout, stderr = proc.communicate(timeout=120)
+            assert proc.returncode == 0, stderr[-3000:]
+            results.append((json.loads(stdout.splitlines()[-1]), stderr))
+    finally:
+        for proc in procs:  # ours, by handle
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return results
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_multihost_sigterm_to_one_process_stops_all_at_one_step(tmp_path: Path) -> None:
+    procs = start_multihost(tmp_path, free_port(), gates=[-1, 12])
+    try:
+        wait_for_gate(procs[1], 12)
+    except BaseException:
+        for proc in procs:  # ours, by handle
+            proc.kill()
+            proc.communicate()
+        raise
+    procs[1].send_signal(signal.SIGTERM)
+    assert procs[1].stdin is not None
+    procs[1].stdin.write("\n")
+    procs[1].stdin.flush()
+    (first, err0), (second, _) = finish_all(procs)
+    assert first["status"] == second["status"] == "preempted"
+    stop = first["step"]
+    assert second["step"] == stop and 13 <= stop < 30
+    assert f"roxxel: preempted by a preemption notice at step {stop}" in err0
+    steps, _ = read_log(tmp_path)
+    assert all(len(records) == 1 for records in steps.values())  # process 0 writes alone
+    (resumed, _), (other, _) = finish_all(start_multihost(tmp_path, free_port(), [-1, -1]))
+    assert (resumed["start"], resumed["step"], resumed["status"]) == (stop, 30, "completed")
+    assert other["w"] == resumed["w"]
 
 
 # ---- with the real roxxel.Loader -------------------------------------------------------
@@ -468,5 +547,33 @@ def worker_main(argv: list[str]) -> None:
     print(json.dumps({**summary, "w": np.asarray(result.state["w"]).tolist()}), flush=True)
 
 
+def multihost_worker_main(argv: list[str]) -> None:
+    """One process of a data-parallel run: the batch is split over the processes, so every
+    step has a cross-process reduction (gloo) and the processes run in step."""
+    port, num_processes, process_id, gate = map(int, argv[:4])
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        f"127.0.0.1:{port}", num_processes, process_id, initialization_timeout=60
+    )
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    rows, whole = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())
+
+    def place(x: np.ndarray, sharding: NamedSharding) -> jax.Array:
+        return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+    class GlobalLoader(FakeLoader):
+        def __next__(self) -> Any:
+            return {k: place(v, rows) for k, v in super().__next__().items()}
+
+    state = {k: place(np.asarray(v), whole) for k, v in init_state().items()}
+    cfg = TrainConfig(num_steps=30, out_dir=Path(argv[4]), save_every=5, log_every=1)
+    result = fit(step_fn, state, GlobalLoader(gate=gate), config=cfg)
+    summary = {"status": result.status, "step": result.step, "start": result.start_step}
+    print(json.dumps({**summary, "w": np.asarray(result.state["w"]).tolist()}), flush=True)
+
+
 if __name__ == "__main__":
-    worker_main(sys.argv[1:])
+    if sys.argv[1] == "multihost":
+        multihost_worker_main(sys.argv[2:])
+    else:
+        worker_main(sys.argv[1:])

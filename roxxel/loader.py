@@ -269,10 +269,10 @@ class _Assembler:
         pick = self._plan.pick(step, rows)
         if pick is None:
             return None
+        self._advise(step, pick)
         host = self._pool(batch_size, len(rows)).acquire()
         self._plan.fill(pick, host)
         self._add_extras(pick, rows, host)
-        self._advise(step)
         if self._config.host_transform is not None:
             host = self._config.host_transform(host, host_rng(self._seed, step))
         if self._sharding is None:
@@ -310,16 +310,20 @@ class _Assembler:
             host["source"][: pick.num_read] = pick.source_ids
             host["record"][: pick.num_read] = pick.records
 
-    def _advise(self, step: int) -> None:
+    def _advise(self, step: int, pick: Pick) -> None:
+        """Read-ahead for the steps up to `step + readahead` not advised yet; on the first
+        call that includes `step` itself, so its reads go to the disk at once, not one page
+        fault after another."""
         ahead = self._config.readahead
         if ahead == 0:
             return
-        first = max(step + 1, self._advised + 1)
-        for target in range(first, step + ahead + 1):
-            batch_size = self._plan.batch_size_at(target)
-            pick = self._plan.pick(target, self.check(batch_size))
-            if pick is not None:
-                self._plan.advise(pick)
+        if self._advised < step:
+            self._plan.advise(pick)
+        for target in range(max(step + 1, self._advised + 1), step + ahead + 1):
+            later = self._plan.pick(target, self.check(self._plan.batch_size_at(target)))
+            if later is None:
+                break
+            self._plan.advise(later)
         self._advised = step + ahead
 
 

@@ -113,16 +113,16 @@ class Records:
                 )
 
     def advise(self, indices: np.ndarray) -> None:
-        """Read-ahead hint (MADV_WILLNEED) for the pages of these records' fixed-shape fields."""
+        """Read-ahead hint (MADV_WILLNEED) for the pages of these records' fixed-shape
+        fields: one call per run of nearby records, not per record."""
         fixed = [f for f in self.fields if not f.is_variable]
         if not fixed or not len(indices):
             return
         shard_ids, local = self.dataset.locate(np.asarray(indices, dtype=np.int64))
-        for shard, i in zip(shard_ids.tolist(), local.tolist(), strict=True):
-            for field in fixed:
-                self.dataset.shard(shard).advise(
-                    field.name, i * field.unit_bytes, (i + 1) * field.unit_bytes
-                )
+        for field in fixed:
+            unit = field.unit_bytes
+            for shard, lo, hi in _merge_ranges(shard_ids, local * unit, (local + 1) * unit):
+                self.dataset.shard(shard).advise(field.name, lo, hi)
 
     def fingerprint(self) -> str:
         return fingerprint_of(
@@ -149,6 +149,29 @@ def _record_layout(fields: Sequence[Any], max_len: Mapping[str, int]) -> LayoutS
         layout[field.name] = ((length, *field.inner_shape), field.dtype)
         layout[f"{field.name}.length"] = ((), np.dtype(np.int64))
     return layout
+
+
+def _merge_ranges(
+    shards: np.ndarray, starts: np.ndarray, stops: np.ndarray, gap: int = 4096
+) -> list[tuple[int, int, int]]:
+    """Byte ranges per shard, sorted, with ranges less than `gap` apart merged into one.
+
+    >>> _merge_ranges(np.array([0, 0, 1, 0]), np.array([900, 0, 0, 9000]), np.array([1000, 100, 8, 9001]))
+    [(0, 0, 1000), (0, 9000, 9001), (1, 0, 8)]
+    """
+    if not len(starts):
+        return []
+    order = np.lexsort((starts, shards))
+    shards, starts, stops = shards[order], starts[order], stops[order]
+    # the furthest byte reached so far within each shard (shards kept apart by a huge offset)
+    lift = shards.astype(np.int64) << 44
+    reach = np.maximum.accumulate(stops + lift) - lift
+    new_run = np.ones(len(starts), dtype=bool)
+    new_run[1:] = (shards[1:] != shards[:-1]) | (starts[1:] - reach[:-1] >= gap)
+    first = np.flatnonzero(new_run)
+    last = np.append(first[1:], len(starts)) - 1
+    runs = zip(shards[first].tolist(), starts[first].tolist(), reach[last].tolist(), strict=True)
+    return list(runs)
 
 
 def _layout_json(layout: LayoutSpec) -> list[list[Any]]:
@@ -263,11 +286,18 @@ class TokenWindows:
         itemsize = self._dtype.itemsize
         starts = self._window_starts(indices)
         shards, local, inside = self._locate(starts, self.width)
-        rows = zip(starts.tolist(), shards.tolist(), local.tolist(), inside.tolist(), strict=True)
-        for start, shard, lo, whole in rows:
-            pieces = [(shard, lo, lo + self.width)] if whole else self._pieces(start, self.width)
-            for k, a, b in pieces:
-                self.dataset.shard(k).advise(self.field, a * itemsize, b * itemsize)
+        if not inside.all():  # rare: split the windows that cross a shard into pieces
+            pieces = [
+                p for start in starts[~inside].tolist() for p in self._pieces(start, self.width)
+            ]
+            extra = np.array(pieces, dtype=np.int64).reshape(-1, 3)
+            shards = np.concatenate([shards[inside], extra[:, 0]])
+            local = np.concatenate([local[inside], extra[:, 1]])
+            stops = np.concatenate([local[: inside.sum()] + self.width, extra[:, 2]])
+        else:
+            stops = local + self.width
+        for shard, lo, hi in _merge_ranges(shards, local * itemsize, stops * itemsize):
+            self.dataset.shard(shard).advise(self.field, lo, hi)
 
     def _locate(self, starts: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per window: its first shard, its start in that shard, whether it ends there."""

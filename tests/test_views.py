@@ -216,3 +216,43 @@ def test_as_source_wraps_a_dataset_and_passes_sources_through(corpus):
     assert isinstance(as_source(ds, fields=["label"]), Records)
     with pytest.raises(ConfigError):
         as_source(object())
+
+
+def _record_advice(monkeypatch):
+    calls = []
+    real = roxxel.reader.Shard.advise
+
+    def spy(shard, field, start, stop):
+        calls.append((str(shard.path), field, start, stop))
+        real(shard, field, start, stop)
+
+    monkeypatch.setattr(roxxel.reader.Shard, "advise", spy)
+    return calls
+
+
+def _covered(calls, path, field, lo, hi):
+    return any(p == path and f == field and a <= lo and hi <= b for p, f, a, b in calls)
+
+
+def test_window_advice_covers_every_byte_the_windows_read(corpus, monkeypatch):
+    ds = corpus[0]
+    calls = _record_advice(monkeypatch)
+    windows = TokenWindows(ds, "tokens", 32)
+    indices = np.arange(len(windows))[::3]
+    windows.advise(indices)
+    assert 0 < len(calls) <= len(indices)  # merged: never more than one call per window
+    for start in (indices * 32).tolist():
+        for shard, lo, hi in windows._pieces(start, windows.width):
+            assert _covered(calls, str(ds.shard(shard).path), "tokens", lo * 4, hi * 4)
+
+
+def test_record_advice_covers_the_fixed_fields_of_every_record(corpus, monkeypatch):
+    ds = corpus[0]
+    calls = _record_advice(monkeypatch)
+    indices = np.array([3, 250, 17, 18, 120])
+    Records(ds, fields=["label", "image"]).advise(indices)
+    shard_ids, local = ds.locate(indices)
+    for shard, i in zip(shard_ids.tolist(), local.tolist(), strict=True):
+        path = str(ds.shard(shard).path)
+        assert _covered(calls, path, "label", i * 8, i * 8 + 8)
+        assert _covered(calls, path, "image", i * 6, i * 6 + 6)

@@ -506,6 +506,25 @@ def steps_losses(out: Path) -> list[float]:
     return [steps[s][0]["loss"] for s in sorted(steps)]
 
 
+def test_the_example_main_job_runs_end_to_end_at_a_tiny_size(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parent.parent / "examples" / "main.py"
+    if not example.exists():
+        pytest.skip("examples/main.py is not in this checkout")
+    root = str(Path(roxxel.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    argv = [sys.executable, str(example), "--out", str(tmp_path), "--steps", "6"]
+    argv += ["--batch-size", "4", "--seq-len", "32", "--corpus-mb", "0.05", "--save-every", "3"]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "roxxel demo: completed at step 6" in done.stdout
+    steps, _ = read_log(tmp_path / "train")
+    assert sorted(steps) == [0, 5]
+    assert {"loss", "loss_code", "loss_prose", "rows_code", "rows_prose"} <= set(steps[0][0])
+    assert steps[0][0]["rows_code"] > steps[5][0]["rows_code"]  # the second phase is prose-heavy
+    with Checkpointer(CheckpointConfig(tmp_path / "train" / "checkpoints")) as ckpt:
+        assert ckpt.all_steps() == [3, 6]
+
+
 # ---- the metrics logger on its own ------------------------------------------------------
 
 

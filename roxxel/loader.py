@@ -12,6 +12,7 @@ the next ``prefetch`` batches into reusable host buffers and places them.
 from __future__ import annotations
 
 import dataclasses
+import resource
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 
@@ -43,7 +44,8 @@ class LoaderConfig:
         max_len: padded length of each variable-length field of a records source.
         provenance: add ``"source"`` (int32) and ``"record"`` (int64) per row; -1 on padding.
         prefetch: batches assembled and placed ahead of the consumer (>= 1).
-        readahead: steps ahead whose pages get ``madvise(WILLNEED)`` (0 = none).
+        readahead: steps ahead whose pages get ``madvise(WILLNEED)`` while reads miss the
+            page cache (the pipeline thread saw major page faults lately); 0 = never.
         host_transform: ``fn(batch, rng) -> batch`` on numpy host rows in the pipeline
             thread; ``rng`` is `host_rng(seed, step)`. With a sharding it sees this
             process's rows only.
@@ -246,6 +248,7 @@ class _Assembler:
         self._layout = plan.layout(extras=_extras(config))
         self._pools: dict[int, BufferPool] = {}
         self._advised = -1
+        self._cold_until: int | None = None  # advise while step < this; None: not started
         self._rows: dict[int, np.ndarray] = {}
         self._plans: dict[tuple[Any, ...], dict[str, device.RowPlan]] = {}
         self._device_fn = jax.jit(config.device_transform) if config.device_transform else None
@@ -271,7 +274,12 @@ class _Assembler:
             return None
         self._advise(step, pick)
         host = self._pool(batch_size, len(rows)).acquire()
+        faults = _major_faults()
         self._plan.fill(pick, host)
+        if (
+            faults is None or _major_faults() != faults
+        ):  # cold pages: keep reading ahead for a while
+            self._cold_until = step + 1 + _COLD_STEPS * self._config.readahead
         self._add_extras(pick, rows, host)
         if self._config.host_transform is not None:
             host = self._config.host_transform(host, host_rng(self._seed, step))
@@ -315,7 +323,9 @@ class _Assembler:
         call that includes `step` itself, so its reads go to the disk at once, not one page
         fault after another."""
         ahead = self._config.readahead
-        if ahead == 0:
+        if self._cold_until is None:  # the first step: assume a cold cache
+            self._cold_until = step + 1 + ahead
+        if ahead == 0 or step >= self._cold_until:
             return
         if self._advised < step:
             self._plan.advise(pick)
@@ -325,6 +335,16 @@ class _Assembler:
                 break
             self._plan.advise(later)
         self._advised = step + ahead
+
+
+_COLD_STEPS = 8  # read ahead this many times `readahead` steps after the last major fault
+_RUSAGE = getattr(resource, "RUSAGE_THREAD", None)
+
+
+def _major_faults() -> int | None:
+    """Major page faults of the calling thread so far; None where the OS does not say
+    (then read-ahead stays on)."""
+    return None if _RUSAGE is None else resource.getrusage(_RUSAGE).ru_majflt
 
 
 def _extras(config: LoaderConfig) -> dict[str, tuple[tuple[int, ...], np.dtype]]:

@@ -499,3 +499,44 @@ def test_restore_exactly_at_an_epoch_boundary(dataset, k):
     resumed = Loader(dataset, NUM_RECORDS, seed=2, config=config)
     resumed.restore({**resumed.state(), "step": k})
     _assert_same(_batches(resumed), reference[k:])
+
+
+class _AdviceSpy:
+    """A records source that counts the read-ahead calls it gets."""
+
+    def __init__(self, inner):
+        self.inner, self.advised = inner, []
+
+    layout = property(lambda self: self.inner.layout)
+
+    def __len__(self):
+        return len(self.inner)
+
+    def read(self, indices, out):
+        self.inner.read(indices, out)
+
+    def advise(self, indices):
+        self.advised.append(np.array(indices))
+        self.inner.advise(indices)
+
+    def fingerprint(self):
+        return self.inner.fingerprint()
+
+
+@pytest.mark.parametrize("cold", [True, False])
+def test_read_ahead_runs_only_while_reads_miss_the_page_cache(dataset, monkeypatch, cold):
+    ticks = iter(range(10**6))
+    faults = (lambda: next(ticks)) if cold else (lambda: 0)
+    monkeypatch.setattr(roxxel.loader, "_major_faults", faults)
+    spy = _AdviceSpy(roxxel.Records(dataset, fields=["label", "image"]))
+    loader = Loader(spy, 4, config=LoaderConfig(num_epochs=None, readahead=2))
+    for step in range(20):  # the assembler alone: no thread, so the count is exact
+        loader._assembler(step)
+    if cold:  # every step advised once, two steps ahead of its read
+        assert len(spy.advised) == 22
+        expected = roxxel.order.records_for_draws(
+            NUM_RECORDS, np.arange(21 * 4, 22 * 4), seed=0, source=0, shuffle=True
+        )
+        np.testing.assert_array_equal(spy.advised[-1], expected)
+    else:  # a warm cache: only the first steps, assumed cold until proven warm
+        assert len(spy.advised) <= 5

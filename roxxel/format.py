@@ -70,7 +70,7 @@ def crc32(data: Buffer, value: int = 0) -> int:
     """CRC-32 (zlib's polynomial) of ``data``, continuing from ``value``.
 
     >>> hex(crc32(b"roxxel"))
-    '0x56a3ed7'
+    '0x44adeeff'
     """
     return zlib.crc32(data, value) & 0xFFFFFFFF  # pyright: ignore[reportArgumentType]
 

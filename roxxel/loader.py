@@ -106,7 +106,8 @@ class Loader:
         batch_size: the global batch size (a Mixture: None, or its size at step 0).
         sharding: a `jax.sharding.Sharding` for every field (fitted to each field's rank),
             ``{field: Sharding}``, or ``(mesh, spec)`` for `device.batch_sharding`.
-        seed: keys the shuffle and the transforms' randomness (0 <= seed < 2**64).
+        seed: keys the shuffle and the transforms' randomness (0 <= seed < 2**64); a
+            Mixture orders its positions with its own seed and shuffle option.
         shuffle: a fresh keyed permutation per epoch; False reads in dataset order.
         start_step: the first step to yield (O(1), whatever its value).
         config: every other option (`LoaderConfig`).

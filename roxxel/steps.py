@@ -70,6 +70,11 @@ def plan_for(
     """
     kwargs = {"fields": config.fields, "max_len": config.max_len}
     if _is_mixture(source):
+        if not shuffle:
+            raise ConfigError(
+                "loader: shuffle=False with a Mixture (False, expected the default: a "
+                "mixture shuffles by its own shuffle option)"
+            )
         sources = [as_source(s, **kwargs) for s in source.sources]
         return MixturePlan(source, sources, batch_size, drop=config.final_batch == "drop")
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:

@@ -427,6 +427,8 @@ def test_a_changed_mixture_refuses_the_old_state(dataset, second):
         Loader(changed, config=_config()).restore(state)
     with pytest.raises(ConfigError, match="batch_size"):
         Loader(_mixture(dataset, second), 8, config=_config())
+    with pytest.raises(ConfigError, match="shuffle"):
+        Loader(_mixture(dataset, second), shuffle=False, config=_config())
 
 
 # --- pipeline pieces -----------------------------------------------------------------------

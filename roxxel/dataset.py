@@ -160,8 +160,7 @@ class Dataset:
         shard = self.shard(k)
         if self.verify_reads:
             for column in shard.columns.values():
-                for i in local.tolist():
-                    column.verify_record(i)
+                column.verify_records(local.tolist())
         return shard.columns
 
     def _open_shard(self, k: int) -> Shard:

@@ -106,8 +106,7 @@ class Shard:
         idx = normalize_indices(indices, self._num, self.path)
         if self.verify_reads:
             for column in self._columns:
-                for i in idx.tolist():
-                    column.verify_record(i)
+                column.verify_records(idx.tolist())
         return gather([(self.columns, None, idx)], self.schema.select(fields), idx.size, out)
 
     def batch_buffers(self, batch_size: int, max_len: dict[str, int] | None = None) -> Batch:

@@ -178,17 +178,22 @@ def resume_series(
     first_batch: Callable[[int], object],
     steps: Iterable[int],
     labels: Callable[[int], str],
-    repeats: int = 3,
+    repeats: int = 5,
     notes: str = "",
 ) -> list[Metric]:
-    """Median seconds to the first batch at each step (one untimed warm-up at the first step)."""
+    """Median seconds to the first batch at each step, over at least 5 rounds that visit every
+    step in turn (so a busy machine's drift hits all steps alike), after one untimed warm-up."""
     steps = list(steps)
     first_batch(steps[0])
+    times: dict[int, list[float]] = {s: [] for s in steps}
+    for _ in range(max(repeats, 5)):
+        for s in steps:
+            times[s].append(timed(lambda s=s: first_batch(s)))
     return [
         metric(
             workload,
             labels(s),
-            median_seconds(lambda s=s: first_batch(s), repeats),
+            statistics.median(times[s]),
             "s",
             higher_is_better=False,
             notes=notes,

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from benchmarks import datagen, measure, systems
 from benchmarks.table import Row, render_report, render_sections
+from benchmarks.targets import render_targets
 
 HERE = Path(__file__).resolve().parent
 README = HERE / "README.md"
@@ -142,9 +143,14 @@ def write_results(
 ) -> None:
     """The markdown report and a JSON twin with every row."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_report(rows, header, versions))
+    out.write_text(render_report(rows, header, versions, summary(rows)))
     raw = {"header": header, "versions": versions, "rows": [r.to_json() for r in rows]}
     out.with_suffix(".json").write_text(json.dumps(raw, indent=1) + "\n")
+
+
+def summary(rows: list[Row]) -> str:
+    """The issues' speed targets, checked against this run."""
+    return "## Targets from the issues\n\n" + render_targets(rows)
 
 
 def update_readme(rows: list[Row], header: dict[str, str], out: Path) -> None:
@@ -160,7 +166,8 @@ def update_readme(rows: list[Row], header: dict[str, str], out: Path) -> None:
     if "--peers" not in header["mode"] and peers:
         last = _rel(peers[-1])
         lines.append(f"The latest side-by-side run with the peers: [{last}]({last}).")
-    block = f"{MARK_START}\n" + "\n".join(lines) + f"\n\n{render_sections(rows)}{MARK_END}"
+    tables = f"{summary(rows)}\n## Tables\n\n{render_sections(rows)}"
+    block = f"{MARK_START}\n" + "\n".join(lines) + f"\n\n{tables}{MARK_END}"
     head, rest = text.split(MARK_START, 1)
     README.write_text(head + block + rest.split(MARK_END, 1)[1])
 

@@ -131,18 +131,21 @@ def render_sections(rows: list[Row]) -> str:
     return "\n".join(s for s in (render_section(rows, w) for w in order) if s)
 
 
-def render_report(rows: list[Row], header: dict[str, str], versions: dict[str, str]) -> str:
-    """The whole results page: title, machine and run facts, versions, then the tables."""
+def render_report(
+    rows: list[Row], header: dict[str, str], versions: dict[str, str], summary: str = ""
+) -> str:
+    """The whole results page: title, run facts, `summary` (markdown), the tables, versions."""
     out = [f"# roxxel benchmarks: {header.get('date', '')}", ""]
     out += [f"- **{_cell(k)}**: {_cell(v)}" for k, v in header.items()]
     out += [
         "",
-        "Ratios are each system's value divided by roxxel's for the same workload and "
-        "variant (higher is better for rates; lower is better for seconds).",
-        "",
-        "## Versions",
+        "\"vs roxxel\" is each row's value divided by roxxel's main row of the same "
+        "workload (or roxxel's row of the same variant): higher is better for rates, lower "
+        "for seconds.",
         "",
     ]
+    if summary:
+        out += [summary, ""]
+    out += ["## Results", "", render_sections(rows), "## Versions", ""]
     out += [f"- {_cell(k)}: {_cell(v)}" for k, v in sorted(versions.items())]
-    out += ["", "## Results", "", render_sections(rows)]
     return "\n".join(out).rstrip() + "\n"

@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import blend, datagen, measure, megatron, run, systems, table, venvs
+from benchmarks import blend, datagen, measure, megatron, run, systems, table, targets, venvs
 
 SMALL = datagen.DataSpec("unit", lm_tokens=50_000, num_images=40, seed=3)
 
 
-@pytest.mark.parametrize("module", [datagen, megatron, table, blend])
+@pytest.mark.parametrize("module", [datagen, megatron, table, blend, targets])
 def test_doctests_of_benchmark_modules_pass(module):
     assert doctest.testmod(module).failed == 0
 
@@ -210,7 +210,7 @@ def test_resume_series_reports_seconds_per_step():
     got = measure.resume_series("resume", calls.append, [0, 10], lambda s: f"step {s}", 2)
     assert [m["variant"] for m in got] == ["step 0", "step 10"]
     assert all(m["unit"] == "s" and m["higher_is_better"] is False for m in got)
-    assert calls == [0, 0, 0, 10, 10]
+    assert calls == [0] + [0, 10] * 5
 
 
 def test_readme_block_is_replaced_by_the_latest_tables(tmp_path, monkeypatch):
@@ -220,7 +220,7 @@ def test_readme_block_is_replaced_by_the_latest_tables(tmp_path, monkeypatch):
     header = {"date": "2026-01-01 00:00 UTC", "mode": "--quick", "machine": "m"}
     run.update_readme(_rows(), header, tmp_path / "results" / "2026-01-01.md")
     text = readme.read_text()
-    assert text.startswith("intro\n") and text.endswith("tail\n") and "old" not in text
+    assert text.startswith("intro\n") and text.endswith("tail\n") and "\nold\n" not in text
     assert "| grain | defaults | 25.0 batches/s | 0.25x |" in text
 
 
@@ -261,3 +261,19 @@ def test_blend_index_matches_the_greedy_rule_compiled_or_not(monkeypatch):
     assert np.array_equal(got[0], slow[0]) and np.array_equal(got[1], slow[1])
     counts = np.bincount(got[0], minlength=4)
     assert np.all(np.abs(counts - 2000 * np.array(weights)) <= 1)
+
+
+def test_targets_are_met_missed_or_unknown():
+    rows = [
+        table.Row("roxxel", "resume", "step 0", 0.010, "s", higher_is_better=False),
+        table.Row("roxxel", "resume", "step 1e6", 0.011, "s", higher_is_better=False),
+        table.Row("roxxel", "resume", "step 1e9", 0.012, "s", higher_is_better=False),
+        table.Row("roxxel", "resume", "step 1e12", 0.020, "s", higher_is_better=False),
+        table.Row("roxxel", "train_tokens", "Loader, jax.Array out", 100.0, "batches/s"),
+        table.Row("grain", "train_tokens", "defaults", 10.0, "batches/s"),
+        table.Row("grain", "train_tokens", "2-core", 40.0, "batches/s"),
+    ]
+    text = targets.render_targets(rows)
+    assert "| 3 | token windows vs grain (its best setting) | >= 3x | 2.50x | **missed** |" in text
+    assert "within 1.5x of each other | <= 1.5x | 2.00x | **missed** |" in text
+    assert "| 3 | token windows vs PyPI roxxel 0.9.14 stream | >= 1.5x | — | — |" in text

@@ -62,11 +62,32 @@ class PeerEnv:
 PEER_ENVS: dict[str, PeerEnv] = {
     "grain": PeerEnv(
         "grain",
-        (("grain==0.2.18", "array-record==0.8.6", "numpy==2.4.6", "psutil==7.2.2"),),
+        (
+            (
+                "grain==0.2.18",
+                "array-record==0.8.6",
+                "numpy==2.4.6",
+                "psutil==7.2.2",
+                "absl-py==2.5.1",
+                "protobuf==7.36.2",
+                "etils==1.15.0",
+            ),
+        ),
     ),
     "roxxel09": PeerEnv(
         "roxxel09",
-        (("roxxel==0.9.14", "jax==0.10.2", "jaxlib==0.10.2", "numpy==2.4.6", "psutil==7.2.2"),),
+        (
+            (
+                "roxxel==0.9.14",
+                "jax==0.10.2",
+                "jaxlib==0.10.2",
+                "numpy==2.4.6",
+                "psutil==7.2.2",
+                "flax==0.12.8",
+                "optax==0.2.8",
+                "orbax-checkpoint==0.12.8",
+            ),
+        ),
     ),
     "streaming": PeerEnv(
         "streaming",
@@ -87,7 +108,20 @@ PEER_ENVS: dict[str, PeerEnv] = {
         ),
         stubs=STREAMING_STUBS,
     ),
-    "hf": PeerEnv("hf", (("datasets==5.2.0", "numpy==2.4.6", "psutil==7.2.2"),)),
+    "hf": PeerEnv(
+        "hf",
+        (
+            (
+                "datasets==5.2.0",
+                "numpy==2.4.6",
+                "psutil==7.2.2",
+                "pyarrow==26.0.1",
+                "huggingface_hub==2.4.0",
+                "fsspec==2026.9.0",
+                "pandas==3.1.1",
+            ),
+        ),
+    ),
 }
 
 

@@ -1,4 +1,4 @@
-"""The real Loader on a real multi-host job: 2 local processes x 4 CPU devices, gloo.
+"""The real Loader on real multi-host jobs: 2 x 4 and 4 x 2 local processes x CPU devices.
 
 Each process runs tests/loader_multihost_worker.py: the Loader over token windows with a
 mesh sharding, each global batch gathered to every process. Here we check that the global
@@ -23,7 +23,7 @@ from roxxel.loader import Loader
 
 WORKER = Path(__file__).with_name("loader_multihost_worker.py")
 REPO = WORKER.parent.parent
-NUM_PROCESSES, LOCAL_DEVICES = 2, 4
+CLUSTERS = [(2, 4), (4, 2)]  # (processes, CPU devices each): 8 devices either way
 DEADLINE_S = 90  # the whole group on 2 shared cores; a healthy run takes ~10 s
 
 sys.path.insert(0, str(WORKER.parent))
@@ -44,17 +44,17 @@ def _write_corpus(path: Path) -> None:
             writer.write({"tokens": rng.integers(0, 30_000, rng.integers(0, 40)).astype(np.int32)})
 
 
-def _run_workers(data_dir: Path, out_dir: Path) -> None:
+def _run_workers(data_dir: Path, out_dir: Path, num_processes: int, local_devices: int) -> None:
     env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={LOCAL_DEVICES}"
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={local_devices}"
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(REPO)) if p)
     port, procs, logs = _free_port(), [], []
     try:
-        for pid in range(NUM_PROCESSES):
+        for pid in range(num_processes):
             log = open(out_dir / f"worker{pid}.log", "w")  # noqa: SIM115 (closed in finally)
             logs.append(log)
-            argv = [sys.executable, str(WORKER), str(port), str(NUM_PROCESSES), str(pid)]
+            argv = [sys.executable, str(WORKER), str(port), str(num_processes), str(pid)]
             argv += [str(data_dir), str(out_dir)]
             procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
         codes = _wait_all(procs)
@@ -65,9 +65,9 @@ def _run_workers(data_dir: Path, out_dir: Path) -> None:
                 proc.wait()
         for log in logs:
             log.close()
-    if codes != [0] * NUM_PROCESSES:
+    if codes != [0] * num_processes:
         logs_text = "\n".join(
-            (out_dir / f"worker{i}.log").read_text()[-3000:] for i in range(NUM_PROCESSES)
+            (out_dir / f"worker{i}.log").read_text()[-3000:] for i in range(num_processes)
         )
         pytest.fail(f"workers exited with {codes} (None: still running, so killed):\n{logs_text}")
 
@@ -88,11 +88,18 @@ def _wait_all(procs: list[subprocess.Popen]) -> list[int | None]:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    data_dir, out_dir = tmp_path_factory.mktemp("corpus"), tmp_path_factory.mktemp("out")
+def corpus(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("corpus")
     _write_corpus(data_dir)
-    _run_workers(data_dir, out_dir)
-    reports = [dict(np.load(out_dir / f"{pid}.npz")) for pid in range(NUM_PROCESSES)]
+    return data_dir
+
+
+@pytest.fixture(scope="module", params=CLUSTERS, ids=lambda c: f"{c[0]}proc-x{c[1]}dev")
+def run(request, corpus, tmp_path_factory):
+    num_processes, local_devices = request.param
+    data_dir, out_dir = corpus, tmp_path_factory.mktemp("out")
+    _run_workers(data_dir, out_dir, num_processes, local_devices)
+    reports = [dict(np.load(out_dir / f"{pid}.npz")) for pid in range(num_processes)]
     loader = Loader(
         worker.windows(str(data_dir)),
         worker.BATCH,
@@ -105,10 +112,10 @@ def run(tmp_path_factory):
     return reports, reference
 
 
-def _rows_of(layout: str, process: int) -> np.ndarray:
+def _rows_of(layout: str, process: int, num_processes: int) -> np.ndarray:
     if layout == "tp_across":
         return np.arange(worker.BATCH)
-    per_process = worker.BATCH // NUM_PROCESSES
+    per_process = worker.BATCH // num_processes
     return np.arange(process * per_process, (process + 1) * per_process)
 
 
@@ -129,4 +136,5 @@ def test_each_process_reads_only_the_windows_of_its_rows(run, layout):
     for pid, report in enumerate(reports):
         reads = report[f"{layout}/reads"]
         for step, want in enumerate(reference):
-            np.testing.assert_array_equal(reads[step], want["record"][_rows_of(layout, pid)])
+            rows = _rows_of(layout, pid, len(reports))
+            np.testing.assert_array_equal(reads[step], want["record"][rows])

@@ -13,6 +13,8 @@ import traceback
 import jax
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -542,3 +544,55 @@ def test_read_ahead_runs_only_while_reads_miss_the_page_cache(dataset, monkeypat
         np.testing.assert_array_equal(spy.advised[-1], expected)
     else:  # a warm cache: only the first steps, assumed cold until proven warm
         assert len(spy.advised) <= 5
+
+
+class _Items:
+    """An in-memory source: item i is the row [i, i * i]."""
+
+    def __init__(self, num_items):
+        self.num_items = num_items
+
+    layout = property(lambda self: {"x": ((2,), np.dtype(np.int64))})
+
+    def __len__(self):
+        return self.num_items
+
+    def read(self, indices, out):
+        out["x"][:] = np.stack([indices, indices * indices], axis=1)
+
+    def advise(self, indices):
+        pass
+
+    def fingerprint(self):
+        return f"items-{self.num_items}"
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    num_items=st.integers(1, 30),
+    batch_size=st.integers(1, 12),
+    num_epochs=st.integers(1, 3),
+    pad=st.booleans(),
+    seed=st.integers(0, 2**64 - 1),
+    data=st.data(),
+)
+def test_any_start_step_matches_the_run_and_epochs_are_permutations(
+    num_items, batch_size, num_epochs, pad, seed, data
+):
+    config = LoaderConfig(num_epochs=num_epochs, final_batch="pad" if pad else "drop")
+    source = _Items(num_items)
+    reference = _batches(Loader(source, batch_size, seed=seed, config=config))
+    assert len(reference) == Loader(source, batch_size, seed=seed, config=config).num_steps
+    k = data.draw(st.integers(0, len(reference)))
+    _assert_same(
+        _batches(Loader(source, batch_size, seed=seed, start_step=k, config=config)), reference[k:]
+    )
+    items = np.concatenate(
+        [b["x"][b["valid"], 0] if pad else b["x"][:, 0] for b in reference]
+        or [np.zeros(0, np.int64)]
+    )
+    assert len(items) == (num_epochs * num_items if pad else len(reference) * batch_size)
+    for epoch in range(len(items) // num_items):
+        assert sorted(items[epoch * num_items : (epoch + 1) * num_items].tolist()) == list(
+            range(num_items)
+        )

@@ -24,7 +24,7 @@ from typing import Any
 
 import jax
 from corpus import build
-from tiny_lm import ModelConfig, init_state, make_step
+from tiny_lm import ModelConfig, generate, init_state, make_step
 
 import roxxel
 import roxxel.cli
@@ -150,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{exc}\n{config.out_dir} holds a run with other settings: use another --out")
             return 1
     summarize(result, datasets)
+    text = generate(result.state["params"], "def ", model, num_bytes=200)
+    print(f"\nsample from the model after {result.step} steps (a tiny byte-level model):\n{text}")
     return 0
 
 

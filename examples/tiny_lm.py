@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 VOCAB = 256
 
@@ -150,3 +151,24 @@ def make_step(cfg: ModelConfig, source_names: tuple[str, ...]) -> Any:
         return adamw(state, grads, cfg), metrics
 
     return step
+
+
+def generate(params: Params, prompt: str, cfg: ModelConfig, num_bytes: int = 160) -> str:
+    """Samples a continuation of `prompt` byte by byte (temperature 0.8, fixed seed).
+
+    Stops at the end-of-document byte (0). Each byte is one forward pass over a window of
+    `cfg.seq_len` bytes; causal attention makes the zero padding after the prompt harmless.
+    """
+    next_logits = jax.jit(lambda p, t, i: logits(p, t, cfg.num_heads)[0, i])
+    key = jax.random.key(0)
+    out = list(prompt.encode("utf-8"))
+    for k in range(num_bytes):
+        window = np.zeros((1, cfg.seq_len), np.int32)
+        recent = out[-cfg.seq_len :]
+        window[0, : len(recent)] = recent
+        scores = next_logits(params, window, len(recent) - 1) / 0.8
+        token = int(jax.random.categorical(jax.random.fold_in(key, k), scores))
+        if token == 0:
+            break
+        out.append(token)
+    return bytes(out).decode("utf-8", errors="replace")

@@ -182,9 +182,12 @@ def main(argv: list[str] | None = None) -> int:
         return sum(systems.python_of(s)[0] is None for s in systems.PEERS)
     spec = datagen.SPECS[args.spec]
     header = machine_info(spec)
-    header["mode"] = " ".join(
-        ["--quick" if args.quick else "", "--peers" if args.peers else "", f"--spec {args.spec}"]
-    ).strip()
+    flags = [
+        "--quick" if args.quick else "",
+        "--peers" if args.peers else "",
+        f"--spec {args.spec}",
+    ]
+    header["mode"] = " ".join(f for f in flags if f)
     t0 = time.perf_counter()
     rows, versions = run_all(args)
     header["duration"] = f"{time.perf_counter() - t0:.0f} s"

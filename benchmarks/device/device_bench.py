@@ -250,11 +250,13 @@ def feed_rows(jax, dev, images, per_batch: float, seconds: float, smoke: bool) -
 
 
 def render(rows: list[dict], header: dict[str, str]) -> str:
+    from benchmarks.table import fmt_value
+
     out = ["# roxxel device check", ""] + [f"- **{k}**: {v}" for k, v in header.items()] + [""]
     out += ["| part | what | size | value | iterations | note |", "|---|---|---:|---:|---:|---|"]
     for r in rows:
         size = f"{r['bytes'] / 2**20:,.1f} MiB" if r["bytes"] else ""
-        val = "—" if r["value"] is None else f"{r['value']:,.3g} {r['unit']}"
+        val = fmt_value(r["value"], r["unit"])
         out.append(f"| {r['part']} | {r['what']} | {size} | {val} | {r['iters']} | {r['note']} |")
     return "\n".join(out) + "\n"
 

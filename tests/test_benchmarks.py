@@ -277,3 +277,16 @@ def test_targets_are_met_missed_or_unknown():
     assert "| 3 | token windows vs grain (its best setting) | >= 3x | 2.50x | **missed** |" in text
     assert "within 1.5x of each other | <= 1.5x | 2.00x | **missed** |" in text
     assert "| 3 | token windows vs PyPI roxxel 0.9.14 stream | >= 1.5x | — | — |" in text
+
+
+def test_device_script_runs_on_cpu_and_writes_its_table(tmp_path):
+    import subprocess
+
+    script = Path(systems.WORKERS).parent / "device" / "device_bench.py"
+    cmd = [sys.executable, str(script), "--cpu-smoke", "--seconds", "0.01", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table_md = (tmp_path / "device.md").read_text()
+    assert "| h2d | pageable, fresh array per call |" in table_md
+    assert "| step | loader-fed speed / device-resident speed |" in table_md
+    assert json.loads((tmp_path / "device.json").read_text())["header"]["device"].startswith("cpu")

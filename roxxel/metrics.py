@@ -147,7 +147,11 @@ class MetricsLogger:
         self._last: tuple[int, float] | None = None
         self._closed = False
         self._crashed: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="roxxel-metrics", daemon=True)
+        # Opened here, so a bad path raises in the caller rather than killing the thread.
+        file = open(self.path, "a", encoding="utf-8") if self.is_main else None  # noqa: SIM115
+        self._thread = threading.Thread(
+            target=self._run, args=(file,), name="roxxel-metrics", daemon=True
+        )
         self._thread.start()
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
@@ -209,8 +213,7 @@ class MetricsLogger:
         if self._error is not None:
             raise OSError(f"MetricsLogger: writing {self.path} failed") from self._error
 
-    def _run(self) -> None:
-        file = open(self.path, "a", encoding="utf-8") if self.is_main else None  # noqa: SIM115
+    def _run(self, file: TextIO | None) -> None:
         try:
             while self._write_available(file):
                 pass
@@ -235,7 +238,7 @@ class MetricsLogger:
                     self._write(file, record)
             if file is not None and self._error is None:
                 file.flush()
-        except (OSError, TypeError, ValueError) as exc:
+        except Exception as exc:  # kept and raised in the caller's thread by the next call
             self._error = exc
         finally:
             for _ in records:

@@ -556,6 +556,20 @@ def test_logger_flushes_a_full_queue_before_the_exception_continues(tmp_path: Pa
     assert console.getvalue().splitlines()[-2].startswith("step 499/500  loss 0.0020")
 
 
+def test_logger_raises_a_write_error_in_the_caller_and_never_hangs(tmp_path: Path) -> None:
+    (tmp_path / "bad" / "metrics.jsonl").mkdir(parents=True)
+    with pytest.raises(IsADirectoryError):
+        MetricsLogger(tmp_path / "bad", console=None)
+    logger = MetricsLogger(tmp_path, console=None, queue_size=2)
+    logger.log(0, {"loss": object()})  # not JSON: the writer keeps the error
+    logger.flush()
+    with pytest.raises(OSError, match=r"writing .*metrics\.jsonl failed"):
+        for step in range(1, 10):
+            logger.log(step, {"loss": 1.0})
+    with pytest.raises(OSError):
+        logger.close()
+
+
 def worker_main(argv: list[str]) -> None:
     out, num_steps, save_every, gate = Path(argv[0]), *map(int, argv[1:])
     cfg = TrainConfig(

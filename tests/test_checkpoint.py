@@ -109,3 +109,18 @@ def test_close_is_idempotent(tmp_path: Path) -> None:
     ckpt = Checkpointer(CheckpointConfig(tmp_path))
     ckpt.close()
     ckpt.close()
+
+
+def test_restore_keeps_the_sharding_of_the_target(tmp_path: Path) -> None:
+    devices = np.array(jax.devices())
+    if devices.size < 2:
+        pytest.skip("needs several devices (tests/conftest.py asks for 8 CPU devices)")
+    mesh = jax.sharding.Mesh(devices, ("data",))
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    value = np.arange(devices.size * 4, dtype=np.float32).reshape(devices.size, 4)
+    with Checkpointer(CheckpointConfig(tmp_path)) as ckpt:
+        ckpt.save(1, {"w": jax.device_put(value, rows)}, {"step": 1})
+        ckpt.wait()
+        restored = ckpt.restore({"w": jax.device_put(np.zeros_like(value), rows)})
+    assert restored.state["w"].sharding == rows
+    np.testing.assert_array_equal(restored.state["w"], value)

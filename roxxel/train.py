@@ -33,7 +33,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from roxxel.checkpoint import CheckpointConfig, Checkpointer
-from roxxel.errors import ConfigError
+from roxxel.errors import ConfigError, StateError
 from roxxel.metrics import MetricsLogger, split_step_output
 
 __all__ = ["FitResult", "LoaderLike", "TrainConfig", "fit", "split_step_output"]
@@ -63,7 +63,8 @@ class TrainConfig:
             `FloatingPointError`; ``"skip"`` drops the update of that step and goes on.
         metrics_lag: steps whose metrics may stay on the device before the host waits.
         handle_signals: SIGTERM/SIGINT finish the step, save and return "preempted".
-        resume: restore the newest checkpoint in ``out_dir`` if there is one.
+        resume: restore the newest checkpoint in ``out_dir`` if there is one; when False,
+            an ``out_dir`` that holds checkpoints is refused (`StateError`).
         console: print a progress line at each logged step (process 0 only).
     """
 
@@ -332,7 +333,12 @@ def _unshare(state: Any) -> Any:
 
 
 def _resume(run: _Run, state: Any) -> Any:
-    latest = run.checkpointer.latest_step() if run.config.resume else None
+    latest = run.checkpointer.latest_step()
+    if latest is not None and not run.config.resume:
+        raise StateError(
+            f"fit: {run.checkpointer.directory} already holds checkpoints "
+            f"({run.checkpointer.all_steps()}, expected none when resume=False)"
+        )
     if latest is not None:
         restored = run.checkpointer.restore(state, latest)
         run.loader.restore(restored.loader_state)

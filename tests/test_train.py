@@ -26,7 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 import roxxel
 from roxxel.checkpoint import CheckpointConfig, Checkpointer
-from roxxel.errors import ConfigError
+from roxxel.errors import ConfigError, StateError
 from roxxel.metrics import MetricsLogger
 from roxxel.train import TrainConfig, fit, split_step_output
 
@@ -193,6 +193,12 @@ def test_fit_of_a_finished_run_returns_at_once(tmp_path: Path) -> None:
         4,
         (),
     )
+
+
+def test_fit_without_resume_refuses_a_folder_with_checkpoints(tmp_path: Path) -> None:
+    fit(step_fn, init_state(), FakeLoader(), config=config(tmp_path, num_steps=2))
+    with pytest.raises(StateError, match="already holds checkpoints \\(\\[2\\]"):
+        fit(step_fn, init_state(), FakeLoader(), config=config(tmp_path, resume=False))
 
 
 def test_fit_stops_when_the_loader_ends(tmp_path: Path) -> None:

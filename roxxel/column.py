@@ -6,11 +6,11 @@ fresh arrays, with the decoded size known (and bounded) before anything is alloc
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
+import xxhash
 import zstandard
 
 from roxxel.format import ZSTD_MAX_RATIO, ZSTD_SLACK_BYTES, check_offsets, fail
@@ -33,7 +33,7 @@ class Column:
         self.data = _slice(buf, layout.data)
         self._data_at = layout.data.offset
         self._view = memoryview(self.data)  # pyright: ignore[reportArgumentType]
-        self.checksums = _slice(buf, layout.checksums).view("<u4")
+        self.checksums = _slice(buf, layout.checksums).view("<u8")
         self.offsets = self._table(buf, layout.offsets, layout.data.nbytes, self._stored_unit)
         self.decoded = None
         if layout.decoded is not None:
@@ -161,9 +161,10 @@ class Column:
     def mismatches(self, indices: Iterable[int]) -> list[int]:
         """Those of ``indices`` whose stored bytes fail their checksum (a tight C-call loop)."""
         data, sums, unit, offsets = self._view, self.checksums, self.unit, self.offsets
+        digest = xxhash.xxh3_64_intdigest
         if offsets is None:
-            return [i for i in indices if zlib.crc32(data[i * unit : (i + 1) * unit]) != sums[i]]
-        return [i for i in indices if zlib.crc32(data[offsets[i] : offsets[i + 1]]) != sums[i]]
+            return [i for i in indices if digest(data[i * unit : (i + 1) * unit]) != sums[i]]
+        return [i for i in indices if digest(data[offsets[i] : offsets[i + 1]]) != sums[i]]
 
     def bad_records(self) -> list[int]:
         """Every record whose stored bytes fail their checksum (or, for str, UTF-8)."""

@@ -166,7 +166,7 @@ class Dataset:
     def _open_shard(self, k: int) -> Shard:
         entry = self.manifest.shards[k]
         shard = Shard(self.path / entry.path, verify=self.verify_reads)
-        found = (len(shard), shard.num_bytes, checksum_text(shard.index_crc))
+        found = (len(shard), shard.num_bytes, checksum_text(shard.index_checksum))
         expected = (entry.num_records, entry.num_bytes, entry.checksum)
         if found != expected:
             raise FormatError(
@@ -258,7 +258,7 @@ def write_manifest(
                 f" {Schema.parse(schema).to_json()}"
             )
         entry = ShardEntry(
-            shard.path.name, len(shard), shard.num_bytes, checksum_text(shard.index_crc)
+            shard.path.name, len(shard), shard.num_bytes, checksum_text(shard.index_checksum)
         )
         entries.append(entry)
     if schema is None:

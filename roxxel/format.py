@@ -8,10 +8,10 @@ check raises a `FormatError` that names the file, the byte offset and the rule (
 from __future__ import annotations
 
 import struct
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
+import xxhash
 
 from roxxel.errors import FormatError
 
@@ -25,14 +25,15 @@ __all__ = [
     "Trailer",
     "align",
     "check_offsets",
-    "crc32",
+    "checksum",
     "fail",
-    "index_crc",
+    "index_checksum",
+    "index_hasher",
     "pack_header",
     "pack_trailer",
     "parse_header",
     "parse_trailer",
-    "seal_crc",
+    "seal",
 ]
 
 MAGIC = b"\x89RXS\r\n\x1a\n"  # a high byte and CR LF ^Z LF catch text-mode transfers
@@ -44,12 +45,12 @@ ALIGN = 64
 META_MAX_BYTES = 1 << 20
 ZSTD_MAX_RATIO = 1 << 15  # a zstd block of >= 4 bytes decodes to at most 128 KiB
 ZSTD_SLACK_BYTES = 1 << 10
-CHECKSUM_KIND = "crc32"
+CHECKSUM_KIND = "xxh3_64"
 
 Buffer = bytes | bytearray | memoryview | np.ndarray
 _HEADER = struct.Struct("<8sII48s")
-_TRAILER = struct.Struct("<QQQQII16s8s")
-_TRAILER_CRC_AT = 32  # the index checksum covers the trailer bytes before this offset
+_TRAILER = struct.Struct("<QQQQQ16s8s")
+_TRAILER_SUM_AT = 32  # the index checksum covers the trailer bytes before this offset
 
 
 def fail(path: object, offset: int, rule: str, what: str) -> FormatError:
@@ -66,13 +67,13 @@ def align(offset: int) -> int:
     return -(-offset // ALIGN) * ALIGN
 
 
-def crc32(data: Buffer, value: int = 0) -> int:
-    """CRC-32 (zlib's polynomial) of ``data``, continuing from ``value``.
+def checksum(data: Buffer) -> int:
+    """XXH3-64 (seed 0) of ``data``: the checksum of every record and of the index.
 
-    >>> hex(crc32(b"roxxel"))
-    '0x44adeeff'
+    >>> hex(checksum(b"roxxel"))
+    '0x5a637923440ce8d4'
     """
-    return zlib.crc32(data, value) & 0xFFFFFFFF  # pyright: ignore[reportArgumentType]
+    return xxhash.xxh3_64_intdigest(data)  # pyright: ignore[reportArgumentType]
 
 
 def pack_header() -> bytes:
@@ -88,7 +89,7 @@ class Trailer:
     tables_offset: int
     meta_offset: int
     meta_bytes: int
-    index_crc: int
+    index_checksum: int
 
 
 def pack_trailer(trailer: Trailer) -> bytes:
@@ -98,21 +99,30 @@ def pack_trailer(trailer: Trailer) -> bytes:
         trailer.tables_offset,
         trailer.meta_offset,
         trailer.meta_bytes,
-        trailer.index_crc,
-        0,
+        trailer.index_checksum,
         bytes(16),
         TRAILER_MAGIC,
     )
 
 
-def index_crc(header: Buffer, index: Buffer, trailer: Trailer) -> int:
+def index_hasher(header: Buffer) -> xxhash.xxh3_64:
+    """A running XXH3-64 over the index, started with the header bytes."""
+    hasher = xxhash.xxh3_64()
+    hasher.update(header)  # pyright: ignore[reportArgumentType]
+    return hasher
+
+
+def seal(hasher: xxhash.xxh3_64, trailer: Trailer) -> int:
+    """Finish an index checksum that has run over header, tables and metadata (R8)."""
+    hasher.update(pack_trailer(trailer)[:_TRAILER_SUM_AT])
+    return hasher.intdigest()
+
+
+def index_checksum(header: Buffer, index: Buffer, trailer: Trailer) -> int:
     """The checksum over header, tables, metadata and the trailer's own numbers (R8)."""
-    return seal_crc(crc32(index, crc32(header)), trailer)
-
-
-def seal_crc(crc: int, trailer: Trailer) -> int:
-    """Finish an index checksum that has run over header, tables and metadata."""
-    return crc32(pack_trailer(trailer)[:_TRAILER_CRC_AT], crc)
+    hasher = index_hasher(header)
+    hasher.update(index)  # pyright: ignore[reportArgumentType]
+    return seal(hasher, trailer)
 
 
 def parse_header(data: bytes | memoryview, path: object) -> None:
@@ -132,7 +142,7 @@ def parse_header(data: bytes | memoryview, path: object) -> None:
 def parse_trailer(data: bytes | memoryview, file_bytes: int, path: object) -> Trailer:
     """Parse and bound-check the trailer of a file of ``file_bytes`` bytes (R5-R7)."""
     at = file_bytes - TRAILER_BYTES
-    num, tables, meta, meta_bytes, crc, zero, reserved, magic = _TRAILER.unpack(data)
+    num, tables, meta, meta_bytes, digest, reserved, magic = _TRAILER.unpack(data)
     if magic != TRAILER_MAGIC:
         raise fail(
             path,
@@ -141,8 +151,8 @@ def parse_trailer(data: bytes | memoryview, file_bytes: int, path: object) -> Tr
             f"trailer magic {magic!r} (expected {TRAILER_MAGIC!r}:"
             " file cut short, still being written, or bytes appended)",
         )
-    if zero or any(reserved):
-        raise fail(path, at + 36, "R5", "reserved trailer bytes not zero")
+    if any(reserved):
+        raise fail(path, at + 40, "R5", "reserved trailer bytes not zero")
     if meta_bytes > META_MAX_BYTES:
         raise fail(path, at + 24, "R7", f"metadata of {meta_bytes} bytes (cap {META_MAX_BYTES})")
     ends = (HEADER_BYTES <= tables <= meta, tables % ALIGN == 0, meta + meta_bytes == at)
@@ -154,10 +164,10 @@ def parse_trailer(data: bytes | memoryview, file_bytes: int, path: object) -> Tr
             f"index extents tables={tables} metadata={meta}+{meta_bytes}"
             f" do not end at the trailer ({at})",
         )
-    # Every record owns a checksum of >= 4 bytes in the tables, which bounds the count.
-    if num > (meta - tables) // 4 + 1:
+    # Every record owns an 8-byte checksum in the tables, which bounds the count.
+    if num > (meta - tables) // 8 + 1:
         raise fail(path, at, "R6", f"record count {num} too large for {meta - tables} table bytes")
-    return Trailer(num, tables, meta, meta_bytes, crc)
+    return Trailer(num, tables, meta, meta_bytes, digest)
 
 
 def check_offsets(

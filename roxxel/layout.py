@@ -42,7 +42,7 @@ class ColumnLayout:
     data: Extent
     offsets: Extent | None  # u64 x (N+1) stored byte offsets: variable or compressed fields
     decoded: Extent | None  # u64 x (N+1) decoded byte offsets: variable compressed fields
-    checksums: Extent  # u32 x N, crc32 of each record's stored bytes
+    checksums: Extent  # u64 x N, XXH3-64 of each record's stored bytes
 
     @staticmethod
     def needs_offsets(field: Field, codec: Codec) -> bool:
@@ -149,7 +149,7 @@ def _parse_column(doc: Any, num: int, where: tuple[object, int]) -> ColumnLayout
         raise fail(path, at, "R12", f"{rule}: offset table present={column.offsets is not None}")
     if (column.decoded is None) == ColumnLayout.needs_decoded(field, codec):
         raise fail(path, at, "R12", f"{rule}: decoded table present={column.decoded is not None}")
-    sizes = [(column.checksums, 4 * num, "R14")]
+    sizes = [(column.checksums, 8 * num, "R14")]
     sizes += [(e, 8 * (num + 1), "R12") for e in (column.offsets, column.decoded) if e is not None]
     if column.offsets is None:
         sizes.append((column.data, num * field.unit_bytes, "R12"))

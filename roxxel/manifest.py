@@ -30,7 +30,7 @@ MANIFEST_MAX_BYTES = 64 << 20
 FORMAT_NAME = "roxxel-dataset"
 _KEYS = {"format", "format_version", "metadata", "num_records", "schema", "shards"}
 _SHARD_KEYS = {"checksum", "num_bytes", "num_records", "path"}
-_CHECKSUM = re.compile(r"^crc32:[0-9a-f]{8}$")
+_CHECKSUM = re.compile(r"^xxh3:[0-9a-f]{16}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +50,7 @@ class ShardEntry:
     path: str
     num_records: int
     num_bytes: int
-    checksum: str  # "crc32:<hex>" of the shard's index (its trailer's index checksum)
+    checksum: str  # "xxh3:<hex>" of the shard's index (its trailer's index checksum)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +86,9 @@ class Manifest:
         return (json.dumps(doc, indent=2, allow_nan=False) + "\n").encode()
 
 
-def checksum_text(index_crc: int) -> str:
-    return f"crc32:{index_crc:08x}"
+def checksum_text(index_checksum: int) -> str:
+    """How a manifest spells a shard's index checksum."""
+    return f"xxh3:{index_checksum:016x}"
 
 
 def parse_manifest(data: bytes, path: object) -> Manifest:
@@ -142,7 +143,7 @@ def _entry(doc: Any, index: int, path: object) -> ShardEntry:
     if not (type(num) is int and type(size) is int and num >= 0 and 0 <= size < 1 << 62):
         raise _fail(path, "M4", f"{where}: counts {num!r}, {size!r} (expected integers >= 0)")
     if not isinstance(crc, str) or not _CHECKSUM.match(crc):
-        raise _fail(path, "M4", f"{where}: checksum {crc!r} (expected crc32:<8 hex digits>)")
+        raise _fail(path, "M4", f"{where}: checksum {crc!r} (expected xxh3:<16 hex digits>)")
     if not _plain_name(name):
         raise _fail(path, "M5", f"{where}: path {name!r} (expected a file name inside the dataset)")
     return ShardEntry(name, num, size, crc)

@@ -25,7 +25,7 @@ from roxxel.format import (
     HEADER_BYTES,
     TRAILER_BYTES,
     fail,
-    index_crc,
+    index_checksum,
     parse_header,
     parse_trailer,
 )
@@ -61,7 +61,7 @@ class Shard:
         self.path = Path(path)
         self.verify_reads = verify
         self._mmap, self._buf = _map_file(self.path)
-        self.layout, self.index_crc = _parse(self._buf, self.path)
+        self.layout, self.index_checksum = _parse(self._buf, self.path)
         self.columns = {
             c.field.name: Column(self._buf, c, self.layout.num_records, self.path)
             for c in self.layout.columns
@@ -192,17 +192,17 @@ def _parse(buf: np.ndarray, path: Path) -> tuple[Layout, int]:
     parse_header(buf[:HEADER_BYTES].tobytes(), path)
     trailer = parse_trailer(buf[size - TRAILER_BYTES :].tobytes(), size, path)
     meta_end = trailer.meta_offset + trailer.meta_bytes
-    crc = index_crc(buf[:HEADER_BYTES], buf[trailer.tables_offset : meta_end], trailer)
-    if crc != trailer.index_crc:
+    digest = index_checksum(buf[:HEADER_BYTES], buf[trailer.tables_offset : meta_end], trailer)
+    if digest != trailer.index_checksum:
         raise fail(
             path,
             size - TRAILER_BYTES + 32,
             "R8",
-            f"index checksum {crc:08x} (expected {trailer.index_crc:08x})",
+            f"index checksum {digest:016x} (expected {trailer.index_checksum:016x})",
         )
     layout = parse_layout(buf[trailer.meta_offset : meta_end].tobytes(), trailer, path)
     _check_padding(buf, layout, trailer.tables_offset, path)
-    return layout, crc
+    return layout, digest
 
 
 def _check_padding(buf: np.ndarray, layout: Layout, tables_offset: int, path: Path) -> None:
@@ -220,6 +220,6 @@ def shard_infos(paths: Iterable[str | os.PathLike[str]]) -> list[ShardInfo]:
     for path in paths:
         shard = Shard(path)
         infos.append(
-            ShardInfo(shard.path, len(shard), shard.num_bytes, checksum_text(shard.index_crc))
+            ShardInfo(shard.path, len(shard), shard.num_bytes, checksum_text(shard.index_checksum))
         )
     return infos

@@ -18,11 +18,22 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
+import xxhash
 import zstandard
 
 from roxxel.atomic import AtomicFile
 from roxxel.errors import ConfigError
-from roxxel.format import HEADER_BYTES, Trailer, align, crc32, pack_header, pack_trailer, seal_crc
+from roxxel.format import (
+    HEADER_BYTES,
+    Trailer,
+    align,
+    checksum,
+    index_hasher,
+    pack_header,
+    pack_trailer,
+    seal,
+)
 from roxxel.layout import ColumnLayout, Extent, Layout, layout_to_json
 from roxxel.manifest import ShardInfo, checksum_text
 from roxxel.schema import Codec, Field, Schema, parse_codec
@@ -53,7 +64,7 @@ class _Column:
         self.nbytes = 0
         self.offsets = array("Q", [0]) if ColumnLayout.needs_offsets(field, codec) else None
         self.decoded = array("Q", [0]) if ColumnLayout.needs_decoded(field, codec) else None
-        self.checksums = array("I")
+        self.checksums = array("Q")
         self.zstd = (
             zstandard.ZstdCompressor(level=codec.level, write_content_size=True)
             if codec.name == "zstd"
@@ -62,16 +73,29 @@ class _Column:
 
     def extend_fixed(self, raw: memoryview, num: int) -> None:
         """Append ``num`` raw fixed-size records in one write (no codec, no offsets)."""
-        self.sink.write(raw)
-        self.nbytes += raw.nbytes
         unit = raw.nbytes // num if num else 0
-        self.checksums.extend(crc32(raw[i * unit : (i + 1) * unit]) for i in range(num))
+        self._extend(raw, [unit] * num)
+
+    def extend_variable(self, raw: memoryview, sizes: list[int]) -> None:
+        """Append raw variable-length records, back to back in ``raw``, in one write."""
+        if self.offsets is not None:  # always, for a variable field
+            ends = np.cumsum(sizes, dtype=np.int64) + self.nbytes
+            self.offsets.extend(ends.tolist())
+        self._extend(raw, sizes)
+
+    def _extend(self, raw: memoryview, sizes: list[int]) -> None:
+        self.sink.write(raw)
+        digest, at, sums = xxhash.xxh3_64_intdigest, 0, self.checksums
+        for size in sizes:
+            sums.append(digest(raw[at : at + size]))
+            at += size
+        self.nbytes += raw.nbytes
 
     def append(self, raw: memoryview) -> None:
         stored = raw if self.zstd is None else self.zstd.compress(raw)
         self.sink.write(stored)
         self.nbytes += len(stored)
-        self.checksums.append(crc32(stored))
+        self.checksums.append(checksum(stored))
         if self.offsets is not None:
             self.offsets.append(self.nbytes)
         if self.decoded is not None:
@@ -143,11 +167,16 @@ class ShardWriter:
             values = columns[column.field.name]
             if column.offsets is None:
                 encoded.append(column.field.batch_to_bytes(values, num, where))
+            elif column.zstd is None and column.field.kind == "array":
+                encoded.append(
+                    column.field.concat_to_bytes(values, self.num_records, str(self.path))
+                )
             else:
                 at = self.num_records
+                where_one = f"{self.path}: record"
                 encoded.append(
                     [
-                        column.field.to_bytes(v, f"{self.path}: record {at + i}")
+                        column.field.to_bytes(v, f"{where_one} {at + i}")
                         for i, v in enumerate(values)
                     ]
                 )
@@ -155,6 +184,8 @@ class ShardWriter:
             if isinstance(raw, list):
                 for one in raw:
                     column.append(one)
+            elif isinstance(raw, tuple):
+                column.extend_variable(*raw)
             else:
                 column.extend_fixed(raw, num)
         self.num_records += num
@@ -196,7 +227,7 @@ class ShardWriter:
         out = self._tmp.file
         data = self._write_columns(out)
         tables_offset = _pad_to(out, out.tell())
-        index = _CrcWriter(out, crc32(pack_header()))
+        index = _HashingWriter(out, index_hasher(pack_header()))
         tables = [self._write_tables(index, c) for c in self._columns]
         meta_offset = index.pad()
         columns = tuple(
@@ -207,13 +238,13 @@ class ShardWriter:
         meta = layout_to_json(layout)
         index.write(meta)
         trailer = Trailer(self.num_records, tables_offset, meta_offset, len(meta), 0)
-        crc = seal_crc(index.crc, trailer)
+        digest = seal(index.hasher, trailer)
         out.write(
-            pack_trailer(Trailer(self.num_records, tables_offset, meta_offset, len(meta), crc))
+            pack_trailer(Trailer(self.num_records, tables_offset, meta_offset, len(meta), digest))
         )
         num_bytes = out.tell()
         self._tmp.publish()
-        return ShardInfo(self.path, self.num_records, num_bytes, checksum_text(crc))
+        return ShardInfo(self.path, self.num_records, num_bytes, checksum_text(digest))
 
     def _write_columns(self, out: IO[bytes]) -> list[Extent]:
         extents: dict[int, Extent] = {}
@@ -230,7 +261,7 @@ class ShardWriter:
             position = start + column.nbytes
         return [extents[i] for i in range(len(self._columns))]
 
-    def _write_tables(self, out: _CrcWriter, column: _Column) -> tuple[Extent | None, ...]:
+    def _write_tables(self, out: _HashingWriter, column: _Column) -> tuple[Extent | None, ...]:
         found: list[Extent | None] = []
         for table in (column.offsets, column.decoded, column.checksums):
             if table is None:
@@ -268,15 +299,15 @@ def write_shard(
         return writer.close()
 
 
-class _CrcWriter:
-    """Writes through to a file while keeping a running CRC-32 of what went by."""
+class _HashingWriter:
+    """Writes through to a file while a running XXH3-64 sees every byte that goes by."""
 
-    def __init__(self, out: IO[bytes], crc: int):
-        self.out, self.crc = out, crc
+    def __init__(self, out: IO[bytes], hasher: xxhash.xxh3_64):
+        self.out, self.hasher = out, hasher
 
     def write(self, data: bytes | memoryview) -> None:
         self.out.write(data)
-        self.crc = crc32(data, self.crc)
+        self.hasher.update(data)
 
     def tell(self) -> int:
         return self.out.tell()

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from roxxel.format import TRAILER_BYTES, Trailer, crc32, parse_trailer, seal_crc
+from roxxel.format import TRAILER_BYTES, Trailer, index_checksum, parse_trailer
 
 DATA = Path(__file__).resolve().parent / "data"
 GOLDEN = DATA / "golden-v1.rxs"
@@ -44,9 +44,10 @@ def reseal(data: bytearray) -> bytearray:
     at = len(data) - TRAILER_BYTES
     num, tables, meta, meta_bytes = struct.unpack_from("<QQQQ", data, at)
     end = meta + meta_bytes
-    crc = crc32(bytes(data[tables:end]), crc32(bytes(data[:64])))
-    sealed = seal_crc(crc, Trailer(num, tables, meta, meta_bytes, 0))
-    return put(data, at + 32, "I", sealed)
+    sealed = index_checksum(
+        bytes(data[:64]), bytes(data[tables:end]), Trailer(num, tables, meta, meta_bytes, 0)
+    )
+    return put(data, at + 32, "Q", sealed)
 
 
 def meta(data: bytes | bytearray) -> dict[str, Any]:

@@ -48,20 +48,32 @@ def _spec(p: dict) -> dg.DataSpec:
     return dg.SPECS[p.get("spec", "small")]
 
 
-def _write_lm(out: Path, spec: dg.DataSpec, docs=None) -> None:
+CHUNK = 1024  # records per write_batch call
+
+
+def _write_lm(out: Path, spec: dg.DataSpec, docs=None, batched: bool = True) -> None:
     rx = _rx()
     schema = rx.Schema.parse(LM_SCHEMA)
+    docs = docs if docs is not None else list(dg.iter_documents(spec))
     with rx.DatasetWriter(out, schema, shard_bytes=256 << 20, overwrite=True) as w:
-        for doc in docs if docs is not None else dg.iter_documents(spec):
-            w.write({"tokens": doc})
+        if batched:
+            for s in range(0, len(docs), CHUNK):
+                w.write_batch({"tokens": docs[s : s + CHUNK]})
+        else:
+            for doc in docs:
+                w.write({"tokens": doc})
 
 
-def _write_images(out: Path, img: np.ndarray, lab: np.ndarray) -> None:
+def _write_images(out: Path, img: np.ndarray, lab: np.ndarray, batched: bool = True) -> None:
     rx = _rx()
     schema = rx.Schema.parse(IMAGE_SCHEMA)
     with rx.DatasetWriter(out, schema, shard_bytes=256 << 20, overwrite=True) as w:
-        for i in range(len(lab)):
-            w.write({"image": img[i], "label": lab[i]})
+        if batched:
+            for s in range(0, len(lab), CHUNK):
+                w.write_batch({"image": img[s : s + CHUNK], "label": lab[s : s + CHUNK]})
+        else:
+            for i in range(len(lab)):
+                w.write({"image": img[i], "label": lab[i]})
 
 
 def ensure_data(spec: dg.DataSpec) -> tuple[Path, Path]:
@@ -92,8 +104,15 @@ def w_write_lm(p: dict) -> list[ms.Metric]:
     docs = list(dg.iter_documents(spec))
     mb = sum(d.nbytes for d in docs) / 1e6
     out = dg.data_dir(spec, SYSTEM) / "write-test-lm"
-    rate = ms.median_rate(lambda: _write_lm(out, spec, docs), mb, ms.slow_repeats(p), 0)
-    return [ms.metric("write_lm", "DatasetWriter (atomic: fsync + rename)", rate, "MB/s")]
+    rows = []
+    for batched, how in ((True, "write_batch"), (False, "write per record")):
+        rate = ms.median_rate(
+            lambda b=batched: _write_lm(out, spec, docs, b), mb, ms.slow_repeats(p), 0
+        )
+        rows.append(
+            ms.metric("write_lm", f"DatasetWriter.{how} (atomic: fsync + rename)", rate, "MB/s")
+        )
+    return rows
 
 
 def w_write_images(p: dict) -> list[ms.Metric]:
@@ -101,8 +120,15 @@ def w_write_images(p: dict) -> list[ms.Metric]:
     img, lab = dg.images(spec, 0, spec.num_images)
     out = dg.data_dir(spec, SYSTEM) / "write-test-images"
     mb = (img.nbytes + lab.nbytes) / 1e6
-    rate = ms.median_rate(lambda: _write_images(out, img, lab), mb, ms.slow_repeats(p), 0)
-    return [ms.metric("write_images", "DatasetWriter (atomic: fsync + rename)", rate, "MB/s")]
+    rows = []
+    for batched, how in ((True, "write_batch"), (False, "write per record")):
+        rate = ms.median_rate(
+            lambda b=batched: _write_images(out, img, lab, b), mb, ms.slow_repeats(p), 0
+        )
+        rows.append(
+            ms.metric("write_images", f"DatasetWriter.{how} (atomic: fsync + rename)", rate, "MB/s")
+        )
+    return rows
 
 
 def w_read_single(p: dict) -> list[ms.Metric]:

@@ -47,12 +47,14 @@ ALL_WORKLOADS = (
 
 # Cold-cache loader batches: roxxel against the plain memmap reader only (issue 3).
 COLD_TRAIN = ("train_images_cold",)
+# roxxel alone: the memory and verification claims of the format issue (2).
+FORMAT_ONLY = ("open_memory", "verify_cost")
 BASELINE = System(
     "megatron-memmap",
     "baseline_worker.py",
     ("limits", *ALL_WORKLOADS, *COLD_TRAIN),
 )
-ROXXEL = System("roxxel", "roxxel_worker.py", (*ALL_WORKLOADS, *COLD_TRAIN))
+ROXXEL = System("roxxel", "roxxel_worker.py", (*ALL_WORKLOADS, *COLD_TRAIN, *FORMAT_ONLY))
 PEERS = (
     System("grain", "grain_worker.py", ALL_WORKLOADS, venv="grain"),
     System("roxxel 0.9.14", "roxxel09_worker.py", ALL_WORKLOADS, venv="roxxel09"),

@@ -26,6 +26,8 @@ WORKLOADS: dict[str, str] = {
     "resume": "Time to first batch when resuming at step N (token windows 64 x 2048)",
     "resume_mix": "Time to first batch when resuming a 4-source mixture at step N",
     "startup": "Startup: open a 1,000-shard dataset and read one record",
+    "open_memory": "Anonymous memory: open 10^7 records in 100 shards, then read",
+    "verify_cost": "Checksum verification: reads with verify=True, and verify() throughput",
 }
 
 

@@ -373,6 +373,90 @@ def w_startup(p: dict) -> list[ms.Metric]:
     ]
 
 
+def _anon_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def w_open_memory(p: dict) -> list[ms.Metric]:
+    """Issue 2: anonymous memory of opening 10^7 records in 100 shards, and of reading them."""
+    rx = _rx()
+    spec = _spec(p)
+    num, shards = (10**7, 100) if spec.name != "tiny" else (10**5, 100)
+    root = dg.data_dir(spec, SYSTEM) / f"memory-{num}"
+    if not (root / "manifest.json").exists():
+        per = num // shards
+        with rx.DatasetWriter(
+            root, {"label": "int64", "tokens": "int32[]"}, shard_bytes=per * 12
+        ) as w:
+            for start in range(0, num, per):
+                labels = np.arange(start, start + per)
+                w.write_batch({"label": labels, "tokens": [labels[:1].astype(np.int32)] * per})
+    rng = np.random.default_rng(0)
+    before = _anon_mib()
+    ds = rx.open_dataset(root)
+    opened = _anon_mib()
+    for _ in range(200):
+        ds.get_batch(rng.integers(0, len(ds), 256))
+    for i in rng.integers(0, len(ds), 20000).tolist():
+        ds[i]
+    read = _anon_mib()
+    for _ in range(2000):
+        ds.get_batch(rng.integers(0, len(ds), 256))
+    more = _anon_mib()
+    note = f"{len(ds):,} records in {ds.num_shards} shards"
+    return [
+        ms.metric(
+            "open_memory",
+            "anon MiB added by open_dataset",
+            opened - before,
+            "MiB",
+            higher_is_better=False,
+            notes=note,
+        ),
+        ms.metric(
+            "open_memory",
+            "anon MiB added by mapping every shard + 70k reads",
+            read - opened,
+            "MiB",
+            higher_is_better=False,
+        ),
+        ms.metric(
+            "open_memory",
+            "anon MiB added by 512k more reads",
+            more - read,
+            "MiB",
+            higher_is_better=False,
+        ),
+    ]
+
+
+def w_verify_cost(p: dict) -> list[ms.Metric]:
+    """Issue 2: what checksum verification costs, on reads and for a whole dataset."""
+    rx = _rx()
+    images = ensure_data(_spec(p))[1]
+    rng = np.random.default_rng(0)
+    rows = []
+    for verify in (False, True):
+        ds = rx.open_dataset(images, verify=verify)
+        out = ds.batch_buffers(256)
+        batches = [rng.integers(0, len(ds), 256) for _ in range(64)]
+        t = ms.median_seconds(
+            lambda d=ds, o=out, bs=batches: [d.get_batch(b, out=o) for b in bs], 5
+        )
+        rows.append(
+            ms.metric("verify_cost", f"get_batch(256 images), verify={verify}", 64 / t, "batches/s")
+        )
+    ds = rx.open_dataset(images)
+    gb = sum(s.num_bytes for s in ds.shards) / 1e9
+    t = ms.median_seconds(ds.verify, 3)
+    rows.append(ms.metric("verify_cost", "Dataset.verify() of the image set", gb / t, "GB/s"))
+    return rows
+
+
 def versions() -> dict[str, str]:
     out = {"numpy": np.__version__}
     try:
@@ -394,6 +478,8 @@ WORKLOADS = {
     "resume": w_resume,
     "resume_mix": w_resume_mix,
     "startup": w_startup,
+    "open_memory": w_open_memory,
+    "verify_cost": w_verify_cost,
 }
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ needs jax or orbax (and the higher layers) loads on first use through ``__getatt
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from roxxel.dataset import Dataset, open_dataset, write_manifest
 from roxxel.dataset_writer import DatasetWriter
@@ -17,6 +17,13 @@ from roxxel.reader import Corruption, Shard, open_shard
 from roxxel.schema import Field, Schema
 from roxxel.version import __version__
 from roxxel.writer import ShardInfo, ShardWriter, write_shard
+
+if TYPE_CHECKING:  # the lazy names below, for type checkers and editors only
+    from roxxel.device import batch_sharding
+    from roxxel.loader import Loader, LoaderConfig
+    from roxxel.mixture import Cap, Mixture, Phase
+    from roxxel.order import KeyedPermutation
+    from roxxel.views import Records, TokenWindows
 
 # name -> module that defines it; loaded on first attribute access.
 _LAZY = {
@@ -32,34 +39,33 @@ _LAZY = {
 }
 _SUBMODULES = ("train", "checkpoint", "cli", "device", "loader", "mixture", "order", "views")
 
-__all__ = [
+__all__ = [  # Cap, KeyedPermutation, Loader, ... load on first use (see _LAZY)
+    "Cap",
     "ConfigError",
     "Corruption",
     "Dataset",
     "DatasetWriter",
     "Field",
     "FormatError",
-    "RoxxelError",
-    "Schema",
-    "Shard",
-    "ShardInfo",
-    "ShardWriter",
-    "StateError",
-    "__version__",
-    "open_dataset",
-    "open_shard",
-    "write_manifest",
-    "write_shard",
-    # loaded on first use (see _LAZY)
-    "Cap",
     "KeyedPermutation",
     "Loader",
     "LoaderConfig",
     "Mixture",
     "Phase",
     "Records",
+    "RoxxelError",
+    "Schema",
+    "Shard",
+    "ShardInfo",
+    "ShardWriter",
+    "StateError",
     "TokenWindows",
+    "__version__",
     "batch_sharding",
+    "open_dataset",
+    "open_shard",
+    "write_manifest",
+    "write_shard",
 ]
 
 

@@ -45,6 +45,8 @@ ALL_WORKLOADS = (
     "startup",
 )
 
+# Packing the JSONL corpus and the .npy images (issue 5): the writers, not HF datasets.
+PACK = ("pack_lm", "pack_images")
 # Cold-cache loader batches: roxxel against the plain memmap reader only (issue 3).
 COLD_TRAIN = ("train_images_cold",)
 # roxxel alone: the memory and verification claims of the format issue (2).
@@ -52,13 +54,13 @@ FORMAT_ONLY = ("open_memory", "verify_cost")
 BASELINE = System(
     "megatron-memmap",
     "baseline_worker.py",
-    ("limits", *ALL_WORKLOADS, *COLD_TRAIN),
+    ("limits", *ALL_WORKLOADS, *PACK, *COLD_TRAIN),
 )
-ROXXEL = System("roxxel", "roxxel_worker.py", (*ALL_WORKLOADS, *COLD_TRAIN, *FORMAT_ONLY))
+ROXXEL = System("roxxel", "roxxel_worker.py", (*ALL_WORKLOADS, *PACK, *COLD_TRAIN, *FORMAT_ONLY))
 PEERS = (
-    System("grain", "grain_worker.py", ALL_WORKLOADS, venv="grain"),
-    System("roxxel 0.9.14", "roxxel09_worker.py", ALL_WORKLOADS, venv="roxxel09"),
-    System("mosaicml-streaming", "streaming_worker.py", ALL_WORKLOADS, venv="streaming"),
+    System("grain", "grain_worker.py", (*ALL_WORKLOADS, *PACK), venv="grain"),
+    System("roxxel 0.9.14", "roxxel09_worker.py", (*ALL_WORKLOADS, *PACK), venv="roxxel09"),
+    System("mosaicml-streaming", "streaming_worker.py", (*ALL_WORKLOADS, *PACK), venv="streaming"),
     System("hf-datasets", "hf_worker.py", ALL_WORKLOADS, venv="hf"),
 )
 

@@ -17,6 +17,8 @@ WORKLOADS: dict[str, str] = {
     "limits": "Machine limits (in-process)",
     "write_lm": "Pack/write: LM corpus (MB/s of payload)",
     "write_images": "Pack/write: images (MB/s of payload)",
+    "pack_lm": "Pack: token-id JSONL corpus -> dataset, from the file (MB/s of int32 payload)",
+    "pack_images": "Pack: .npy image set -> dataset, from the file (MB/s of pixel payload)",
     "read_single": "Random single-record reads (image records, warm)",
     "read_batch_warm": "Batched random reads, warm cache (256 image records per batch)",
     "read_batch_cold": "Batched random reads, cold cache (posix_fadvise DONTNEED)",

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.append(str(Path(__file__).resolve().parents[2]))
-from benchmarks import blend
+from benchmarks import blend, pack
 from benchmarks import datagen as dg
 from benchmarks import measure as ms
 from benchmarks.megatron import IndexedReader, write_indexed
@@ -369,6 +369,8 @@ WORKLOADS = {
     "resume": w_resume,
     "resume_mix": w_resume_mix,
     "startup": w_startup,
+    "pack_lm": lambda p: pack.baseline_pack(p, "lm"),
+    "pack_images": lambda p: pack.baseline_pack(p, "images"),
 }
 
 if __name__ == "__main__":

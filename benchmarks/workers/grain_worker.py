@@ -24,6 +24,7 @@ from array_record.python import array_record_module  # noqa: F401
 
 from benchmarks import datagen as dg
 from benchmarks import measure as ms
+from benchmarks import pack
 
 SYSTEM = "grain"
 WRITER_OPTIONS = "group_size:1,uncompressed"
@@ -305,6 +306,20 @@ def w_startup(p: dict) -> list[ms.Metric]:
     ]
 
 
+def w_pack(p: dict, kind: str) -> list[ms.Metric]:
+    """The pack input files (JSONL parsed with stdlib json, .npy) into one array-record file."""
+    src = pack.input_path(p, kind)
+
+    def write(out: Path) -> None:
+        if kind == "lm":
+            _write_records(out, (d.tobytes() for d in pack.iter_jsonl_tokens(src)))
+        else:
+            _write_records(out, (row.tobytes() for row in np.load(src)))
+
+    variant = f"ArrayRecordWriter({WRITER_OPTIONS}) +fsync"
+    return [pack.pack_metric(kind, variant, write, p, SYSTEM)]
+
+
 def versions() -> dict[str, str]:
     from importlib.metadata import version
 
@@ -322,6 +337,8 @@ WORKLOADS = {
     "resume": lambda p: _resume(p, "resume", 1),
     "resume_mix": lambda p: _resume(p, "resume_mix", 4),
     "startup": w_startup,
+    "pack_lm": lambda p: w_pack(p, "lm"),
+    "pack_images": lambda p: w_pack(p, "images"),
 }
 
 if __name__ == "__main__":

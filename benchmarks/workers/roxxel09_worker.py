@@ -20,6 +20,7 @@ import numpy as np
 sys.path.append(str(Path(__file__).resolve().parents[2]))
 from benchmarks import datagen as dg
 from benchmarks import measure as ms
+from benchmarks import pack
 
 with contextlib.redirect_stdout(io.StringIO()):
     from roxxel import Roxxel
@@ -237,6 +238,21 @@ def w_startup(p: dict) -> list[ms.Metric]:
     ]
 
 
+def w_pack(p: dict, kind: str) -> list[ms.Metric]:
+    """The pack input files (JSONL parsed with stdlib json, .npy) into one .rox file."""
+    src = pack.input_path(p, kind)
+
+    def write(out: Path) -> None:
+        if kind == "lm":
+            _write(out, pack.iter_jsonl_tokens(src), dtype="int32")
+        else:
+            rows = (r.tobytes() for r in np.load(src))
+            _write(out, rows, block_size=dg.IMAGE_BYTES, dtype="uint8")
+
+    variant = "Roxxel.write(dtype=int32)" if kind == "lm" else "Roxxel.write(block_size=12,288)"
+    return [pack.pack_metric(kind, variant + " +fsync", write, p, SYSTEM)]
+
+
 def versions() -> dict[str, str]:
     from importlib.metadata import version
 
@@ -254,6 +270,8 @@ WORKLOADS = {
     "resume": lambda p: _resume(p, "resume", 1),
     "resume_mix": lambda p: _resume(p, "resume_mix", 4),
     "startup": w_startup,
+    "pack_lm": lambda p: w_pack(p, "lm"),
+    "pack_images": lambda p: w_pack(p, "images"),
 }
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import numpy as np
 sys.path.append(str(Path(__file__).resolve().parents[2]))
 from benchmarks import datagen as dg
 from benchmarks import measure as ms
+from benchmarks import pack
 
 SYSTEM = "roxxel"
 LM_SCHEMA = {"tokens": "int32[]"}
@@ -480,6 +481,8 @@ WORKLOADS = {
     "startup": w_startup,
     "open_memory": w_open_memory,
     "verify_cost": w_verify_cost,
+    "pack_lm": lambda p: pack.roxxel_pack(p, "lm"),
+    "pack_images": lambda p: pack.roxxel_pack(p, "images"),
 }
 
 if __name__ == "__main__":

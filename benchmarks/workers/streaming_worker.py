@@ -22,6 +22,7 @@ import streaming  # noqa: F401  (imported once, outside the timings)
 
 from benchmarks import datagen as dg
 from benchmarks import measure as ms
+from benchmarks import pack
 
 SYSTEM = "streaming"
 IMAGE_COLUMNS = {"image": "ndarray:uint8:3,64,64", "label": "int64"}
@@ -268,6 +269,19 @@ def w_startup(p: dict) -> list[ms.Metric]:
     ]
 
 
+def w_pack(p: dict, kind: str) -> list[ms.Metric]:
+    """The pack input files (JSONL parsed with stdlib json, .npy) into MDS shards."""
+    src = pack.input_path(p, kind)
+
+    def write(out: Path) -> None:
+        if kind == "lm":
+            _write(out, LM_COLUMNS, ({"tokens": d} for d in pack.iter_jsonl_tokens(src)))
+        else:
+            _write(out, {"image": IMAGE_COLUMNS["image"]}, ({"image": r} for r in np.load(src)))
+
+    return [pack.pack_metric(kind, "MDSWriter(uncompressed) +fsync", write, p, SYSTEM)]
+
+
 def versions() -> dict[str, str]:
     from importlib.metadata import version
 
@@ -285,6 +299,8 @@ WORKLOADS = {
     "resume": lambda p: _resume(p, "resume", 1),
     "resume_mix": lambda p: _resume(p, "resume_mix", 4),
     "startup": w_startup,
+    "pack_lm": lambda p: w_pack(p, "lm"),
+    "pack_images": lambda p: w_pack(p, "images"),
 }
 
 if __name__ == "__main__":

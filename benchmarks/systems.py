@@ -49,6 +49,8 @@ ALL_WORKLOADS = (
 PACK = ("pack_lm", "pack_images")
 # Cold-cache loader batches: roxxel against the plain memmap reader only (issue 3).
 COLD_TRAIN = ("train_images_cold",)
+# roxxel alone: a train step fed by the Loader, and memory over an epoch (issue 3).
+TRAIN_ONLY = ("train_step", "train_memory")
 # roxxel alone: the memory and verification claims of the format issue (2).
 FORMAT_ONLY = ("open_memory", "verify_cost")
 BASELINE = System(
@@ -56,7 +58,9 @@ BASELINE = System(
     "baseline_worker.py",
     ("limits", *ALL_WORKLOADS, *PACK, *COLD_TRAIN),
 )
-ROXXEL = System("roxxel", "roxxel_worker.py", (*ALL_WORKLOADS, *PACK, *COLD_TRAIN, *FORMAT_ONLY))
+ROXXEL = System(
+    "roxxel", "roxxel_worker.py", (*ALL_WORKLOADS, *PACK, *COLD_TRAIN, *TRAIN_ONLY, *FORMAT_ONLY)
+)
 PEERS = (
     System("grain", "grain_worker.py", (*ALL_WORKLOADS, *PACK), venv="grain"),
     System("roxxel 0.9.14", "roxxel09_worker.py", (*ALL_WORKLOADS, *PACK), venv="roxxel09"),

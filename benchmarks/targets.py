@@ -78,6 +78,13 @@ TARGETS: tuple[Target, ...] = (
     ),
     Target(
         3,
+        "images, jax.Array out, vs bare np.take gather + the same placement",
+        0.8,
+        (RX, "train_images", "Loader, jax"),
+        (MM, "train_images", "bare np.take gather +"),
+    ),
+    Target(
+        3,
         "token windows vs grain (its best setting)",
         3.0,
         (RX, "train_tokens", "Loader, jax"),
@@ -109,6 +116,21 @@ TARGETS: tuple[Target, ...] = (
         "time to first batch at steps 0, 1e6, 1e9, 1e12 within 1.5x of each other",
         1.5,
         spread=tuple((RX, "resume", f"step {s}") for s in ("0", "1e6", "1e9", "1e12")),
+    ),
+    Target(
+        3,
+        "jitted step ~10x the loader's batch time: fed by the Loader vs a prebuilt array",
+        0.95,
+        (RX, "train_step", "jitted step fed by the Loader"),
+        (RX, "train_step", "jitted step fed by a prebuilt"),
+    ),
+    Target(
+        3,
+        "memory flat over an epoch: anon RSS at its start, middle, end within 1.05x",
+        1.05,
+        spread=tuple(
+            (RX, "train_memory", f"anon RSS, epoch {at}") for at in ("start", "middle", "end")
+        ),
     ),
     Target(
         4,

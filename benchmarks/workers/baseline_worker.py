@@ -213,7 +213,22 @@ def w_train_images(p: dict) -> list[ms.Metric]:
             np.take(lab, idx, axis=0, out=bl)
 
     rate = ms.median_rate(run, n, 3)
-    return [ms.metric("train_images", "bare np.take gather (limit)", rate, "batches/s")]
+    res = [ms.metric("train_images", "bare np.take gather (limit)", rate, "batches/s")]
+    variant = "bare np.take gather + jax.device_put"
+    try:
+        import jax
+    except ImportError as e:
+        return [*res, ms.metric("train_images", variant, None, "", notes=f"jax missing: {e}")]
+    dev = jax.devices()[0]
+
+    def put() -> None:  # the same placement as the Loader's: both fields, one device
+        for s in range(n):
+            idx = dg.random_indices(spec.num_images, dg.IMAGE_BATCH, 1000 + s)
+            np.take(img, idx, axis=0, out=bi)
+            np.take(lab, idx, axis=0, out=bl)
+            jax.block_until_ready(jax.device_put([bi, bl], dev))
+
+    return [*res, ms.metric("train_images", variant, ms.median_rate(put, n, 3), "batches/s")]
 
 
 def w_train_images_cold(p: dict) -> list[ms.Metric]:

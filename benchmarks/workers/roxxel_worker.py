@@ -7,6 +7,7 @@ error) reports "not available yet: <error>" instead of a number.
 from __future__ import annotations
 
 import gc
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -300,6 +301,136 @@ def w_train_images_cold(p: dict) -> list[ms.Metric]:
     ]
 
 
+def w_train_step(p: dict) -> list[ms.Metric]:
+    """Issue 3: a jitted step ~10x the loader's batch time, fed by the Loader (jax.Array
+    out) vs fed one prebuilt device array, in the same process. XLA runs single-threaded
+    (the stand-in for the device: one core), the loader's thread has the other core."""
+    import os
+
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
+    )
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import SingleDeviceSharding
+
+    spec = _spec(p)
+    windows = _api("TokenWindows")(_rx().open_dataset(ensure_data(spec)[0]), "tokens", dg.SEQ_LEN)
+    sharding = SingleDeviceSharding(jax.devices()[0])
+    n = int(p.get("step_batches", 60))
+    with _loader(windows, dg.TOKEN_BATCH, sharding=sharding) as loader:
+        batch_s = 1 / _loader_rate(loader, 100, 3)
+        it = iter(loader)
+        prebuilt = next(it)["tokens"]
+        step, iters = _calibrated_step(jax, jnp, prebuilt, 10 * batch_s)
+
+        def fed(source) -> None:
+            state = jnp.zeros((64, 256), jnp.float32)
+            for tokens in itertools.islice(source, n):
+                state = step(state, tokens)
+            state.block_until_ready()
+
+        rates: dict[str, list[float]] = {"loader": [], "prebuilt": []}
+        for _ in range(int(p.get("step_rounds", 5))):  # interleaved: drift hits both alike
+            rates["prebuilt"].append(n / ms.timed(lambda: fed(itertools.repeat(prebuilt))))
+            rates["loader"].append(n / ms.timed(lambda: fed(b["tokens"] for b in it)))
+    note = f"step {iters} matmul rounds = {1e3 * 10 * batch_s:.2f} ms, ~10x the loader's batch"
+    return [
+        ms.metric(
+            "train_step",
+            "jitted step fed by the Loader",
+            float(np.median(rates["loader"])),
+            "steps/s",
+            notes=note,
+        ),
+        ms.metric(
+            "train_step",
+            "jitted step fed by a prebuilt device array",
+            float(np.median(rates["prebuilt"])),
+            "steps/s",
+            notes="XLA single-threaded",
+        ),
+    ]
+
+
+def _calibrated_step(jax, jnp, tokens, target_s: float):
+    """A jitted ``step(state, tokens)`` taking about `target_s` seconds, and its rounds."""
+    weights = jax.random.normal(jax.random.key(0), (256, 256), jnp.float32) / 16
+
+    def make(rounds: int):
+        def step(state, toks):
+            state = state + toks[:, :256].astype(jnp.float32) * 1e-6
+            body = lambda _, s: jnp.tanh(s @ weights)  # noqa: E731
+            return jax.lax.fori_loop(0, rounds, body, state)
+
+        return jax.jit(step)
+
+    state, rounds = jnp.zeros((64, 256), jnp.float32), 64
+    for _ in range(4):  # measure, rescale the rounds, measure again
+        step = make(rounds)
+        step(state, tokens).block_until_ready()
+        took = ms.median_seconds(lambda s=step: s(state, tokens).block_until_ready(), 5)
+        rounds = max(1, round(rounds * target_s / took))
+    return make(rounds), rounds
+
+
+def w_train_memory(p: dict) -> list[ms.Metric]:
+    """Issue 3: resident memory over a whole epoch of shuffled image batches (jax.Array out,
+    each batch dropped after use). One epoch warms up (the ring of host buffers fills), the
+    next is sampled at its start, middle and end: anonymous RSS, and total RSS, which also
+    counts the mapped dataset's pages as the epochs touch them."""
+    import jax
+    from jax.sharding import SingleDeviceSharding
+
+    ds = _rx().open_dataset(ensure_data(_spec(p))[1])
+    config = _api("LoaderConfig")(num_epochs=2)
+    sharding = SingleDeviceSharding(jax.devices()[0])
+    loader = _api("Loader")(ds, dg.IMAGE_BATCH, seed=3, sharding=sharding, config=config)
+    num = (loader.num_steps or 2) // 2  # steps per epoch
+    marks = {
+        0: "first batch of the warm-up epoch",
+        num: "epoch start",
+        num + num // 2: "epoch middle",
+        2 * num - 1: "epoch end",
+    }
+    samples: dict[str, tuple[float, float]] = {}
+    with loader:
+        for k, batch in enumerate(loader):
+            jax.block_until_ready(batch)
+            del batch
+            if k in marks:
+                samples[marks[k]] = (_anon_mib(), ms.memory().get("rss_mib", float("nan")))
+    note = f"epoch of {num} batches of {dg.IMAGE_BATCH} images"
+    rows = [
+        ms.metric(
+            "train_memory", f"anon RSS, {name}", anon, "MiB", higher_is_better=False, notes=note
+        )
+        for name, (anon, _) in samples.items()
+    ]
+    start, end = samples["epoch start"], samples["epoch end"]
+    size = sum(f.stat().st_size for f in ms.files_under(ds.path)) / 2**20
+    rows.append(
+        ms.metric(
+            "train_memory",
+            "anon RSS growth over the epoch",
+            end[0] - start[0],
+            "MiB",
+            higher_is_better=False,
+        )
+    )
+    rows.append(
+        ms.metric(
+            "train_memory",
+            "total RSS growth over the epoch (incl. mapped pages)",
+            end[1] - start[1],
+            "MiB",
+            higher_is_better=False,
+            notes=f"dataset files {size:.0f} MiB",
+        )
+    )
+    return rows
+
+
 def _short(e: Exception) -> str:
     msg = str(e) if str(e).startswith("not available yet") else f"{type(e).__name__}: {e}"
     return msg[:300]
@@ -476,6 +607,8 @@ WORKLOADS = {
     "train_tokens": w_train_tokens,
     "train_images": w_train_images,
     "train_images_cold": w_train_images_cold,
+    "train_step": w_train_step,
+    "train_memory": w_train_memory,
     "resume": w_resume,
     "resume_mix": w_resume_mix,
     "startup": w_startup,

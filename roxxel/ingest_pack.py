@@ -27,8 +27,9 @@ import numpy as np
 from roxxel.errors import ConfigError, RoxxelError
 from roxxel.ingest import BadRecords, Piece, ReadOptions, Record, WorkUnit, locate, read_unit
 from roxxel.ingest_parts import load_unit, remove_unit_files, shard_name, write_unit_marker
+from roxxel.ingest_schema import max_record_bytes, project_record
 from roxxel.manifest import ShardInfo
-from roxxel.schema import Field, Schema
+from roxxel.schema import Schema
 from roxxel.writer import ShardWriter
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
 
 MapFn = Callable[[Record], Any]  # checked per record: a dict or None
 _MAPS: dict[str, MapFn] = {}
+BATCH_RECORDS = 256  # records per ShardWriter.write_batch call
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,37 +165,6 @@ def _apply_map(
             )
 
 
-def _project(record: Record, fields: dict[str, Field]) -> Record:
-    """The schema's fields of a record (others are ignored; a missing one fails in the
-    writer). An empty list has no dtype of its own, so it gets the field's."""
-    out = {}
-    for name, field_ in fields.items():
-        if name not in record:
-            continue
-        value = record[name]
-        if isinstance(value, list) and field_.kind == "array":
-            value = _list_array(value, field_)
-        out[name] = value
-    return out
-
-
-def _list_array(value: list[Any], field_: Field) -> Any:
-    """A JSON list as an array of the field's dtype when that changes no value; else as is
-    (the writer then names the value that does not fit)."""
-    if not value:
-        return np.zeros((0, *field_.inner_shape), field_.dtype) if field_.is_variable else value
-    try:
-        array = np.asarray(value)
-    except ValueError as e:  # ragged nested lists
-        raise ConfigError(f"field {field_.name!r}: {e} (expected {field_.spec})") from None
-    target = field_.dtype
-    if array.dtype.kind in "iu" and target.kind in "iu":
-        info = np.iinfo(target)
-        if info.min <= array.min() and array.max() <= info.max:
-            return array.astype(target)
-    return array
-
-
 def _strip_where(message: str, writer: ShardWriter) -> str:
     """The writer names its temp shard and record number; the input location says more."""
     prefix = f"{writer.path}: record {writer.num_records}: "
@@ -201,7 +172,13 @@ def _strip_where(message: str, writer: ShardWriter) -> str:
 
 
 class _UnitWriter:
-    """Writes one unit's records into shards of about ``shard_bytes``; errors get locations."""
+    """Writes one unit's records into shards of about ``shard_bytes``; errors get locations.
+
+    Uncompressed records go to `ShardWriter.write_batch` in batches that stop short of the
+    shard limit (sizes over-estimated), so shards end at the same record as when written
+    one by one; a batch the writer refuses is written again record by record, which names
+    the bad record (or skips it with --skip-bad).
+    """
 
     def __init__(self, config: PackConfig, unit: int, bad: BadRecords):
         self.config, self.unit, self.bad = config, unit, bad
@@ -209,25 +186,68 @@ class _UnitWriter:
         self.current: ShardWriter | None = None
         self.num_records = 0
         self.fields = {f.name: f for f in Schema.parse(config.schema)}
+        self.batch = not config.compress
+        self.pending: list[tuple[Record, Piece, int]] = []
+        self.pending_bytes = 0
 
     def write(self, record: Record, piece: Piece, key: int) -> None:
+        try:
+            projected = project_record(record, self.fields)
+        except ConfigError as e:
+            self.flush()  # earlier records first: skipped places stay in input order
+            self._refuse(piece, key, str(e))
+            return
+        size = max_record_bytes(projected, self.fields) if self.batch else None
+        written = self.current.num_bytes if self.current is not None else 0
+        if size is None or written + self.pending_bytes + size >= self.config.shard_bytes:
+            self.flush()
+            self._write_one(projected, piece, key)
+            return
+        self.pending.append((projected, piece, key))
+        self.pending_bytes += size
+        if len(self.pending) >= BATCH_RECORDS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the pending records as one batch (or one by one if the batch is refused)."""
+        pending, self.pending, self.pending_bytes = self.pending, [], 0
+        if not pending:
+            return
+        writer = self._writer()
+        try:
+            writer.write_batch({name: [r[name] for r, _, _ in pending] for name in self.fields})
+        except (KeyError, TypeError, ValueError):  # ConfigError is a ValueError
+            for record, piece, key in pending:
+                self._write_one(record, piece, key)
+            return
+        self.num_records += len(pending)
+
+    def _writer(self) -> ShardWriter:
         if self.current is None:
             path = Path(self.config.out_dir) / shard_name(self.unit, len(self.shards))
             self.current = ShardWriter(path, self.config.schema, self.config.compress)
+        return self.current
+
+    def _write_one(self, record: Record, piece: Piece, key: int) -> None:
+        writer = self._writer()
         try:
-            self.current.write(_project(record, self.fields))
+            writer.write(record)
         except ConfigError as e:
-            message = f"{locate(piece, key)}: {_strip_where(str(e), self.current)}"
-            if not self.config.read.skip_bad:
-                raise ConfigError(message) from None
-            self.bad.add(message)
+            self._refuse(piece, key, _strip_where(str(e), writer))
             return
         self.num_records += 1
-        if self.current.num_bytes >= self.config.shard_bytes:
-            self.shards.append(self.current.close())
+        if writer.num_bytes >= self.config.shard_bytes:
+            self.shards.append(writer.close())
             self.current = None
 
+    def _refuse(self, piece: Piece, key: int, why: str) -> None:
+        message = f"{locate(piece, key)}: {why}"
+        if not self.config.read.skip_bad:
+            raise ConfigError(message) from None
+        self.bad.add(message)
+
     def close(self) -> list[ShardInfo]:
+        self.flush()
         if self.current is not None:
             if self.current.num_records:
                 self.shards.append(self.current.close())
@@ -308,6 +328,7 @@ def run_units(config: PackConfig, units: list[WorkUnit], workers: int) -> Iterat
             yield pack_unit(config, unit)
         return
     ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])  # workers fork with numpy and roxxel imported
     with ProcessPoolExecutor(min(workers, len(units)), mp_context=ctx) as pool:
         futures = [pool.submit(pack_unit, config, unit) for unit in units]
         try:

@@ -4,11 +4,13 @@ Python ints become ``int_dtype`` (int64 by default) and floats ``float_dtype`` (
 numpy values keep their dtype; lists become variable-length arrays (``int64[]``,
 ``float64[,3]``); rows of one numpy array (npy/npz) become fixed-shape fields. Anything
 that does not decide one spec (mixed kinds, only empty lists, a field missing from some
-records, nested objects) raises ConfigError asking for ``--field NAME:SPEC``.
+records, nested objects) raises ConfigError asking for ``--field NAME:SPEC``. Records are
+then projected onto the schema's fields (JSON int lists become arrays of the field dtype).
 """
 
 from __future__ import annotations
 
+from array import array as typed_array
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -17,8 +19,16 @@ import numpy as np
 
 from roxxel.errors import ConfigError
 from roxxel.ingest_units import Record
+from roxxel.schema import Field
 
-__all__ = ["infer_schema"]
+__all__ = ["infer_schema", "max_record_bytes", "project_record"]
+
+# array.array typecodes of the integer dtypes: it converts a list of ints in one C loop and
+# raises on a float or an out-of-range value, where numpy would need min/max and a cast.
+_TYPECODES = {
+    np.dtype(f"{k}{typed_array(c).itemsize}"): c
+    for k, c in zip("iuiuiuiu", "bBhHiIqQ", strict=True)
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,3 +144,59 @@ def infer_schema(
         guesses = [_guess(name, r[name], int_dtype, float_dtype) for r in samples]
         spec[name] = _merge(name, guesses, fixed_arrays)
     return spec
+
+
+def project_record(record: Record, fields: dict[str, Field]) -> Record:
+    """The schema's fields of a record (others are ignored; a missing one fails in the
+    writer). An empty list has no dtype of its own, so it gets the field's."""
+    out = {}
+    for name, field_ in fields.items():
+        if name not in record:
+            continue
+        value = record[name]
+        if isinstance(value, list) and field_.kind == "array":
+            value = _list_array(value, field_)
+        out[name] = value
+    return out
+
+
+def _list_array(value: list[Any], field_: Field) -> Any:
+    """A JSON list as an array of the field's dtype when that changes no value; else as is
+    (the writer then names the value that does not fit)."""
+    if not value:
+        return np.zeros((0, *field_.inner_shape), field_.dtype) if field_.is_variable else value
+    code = _TYPECODES.get(field_.dtype)
+    if code is not None and type(value[0]) is int:  # 1-D ints: one C loop, no min/max pass
+        try:
+            return np.frombuffer(typed_array(code, value), field_.dtype)
+        except (OverflowError, TypeError):
+            pass  # a float, a nested list or an out-of-range value: the checked path names it
+    try:
+        array = np.asarray(value)
+    except ValueError as e:  # ragged nested lists
+        raise ConfigError(f"field {field_.name!r}: {e} (expected {field_.spec})") from None
+    target = field_.dtype
+    if array.dtype.kind in "iu" and target.kind in "iu":
+        info = np.iinfo(target)
+        if info.min <= array.min() and array.max() <= info.max:
+            return array.astype(target)
+    return array
+
+
+def max_record_bytes(record: Record, fields: dict[str, Field]) -> int | None:
+    """At least the bytes a projected record adds to a shard (a str counts 4 per character),
+    or None when only the writer can tell (a list, a missing field)."""
+    total = 0
+    for name, field_ in fields.items():
+        value = record.get(name)
+        if field_.kind == "str" and isinstance(value, str):
+            total += 4 * len(value)
+        elif field_.kind == "bytes" and isinstance(value, bytes):
+            total += len(value)
+        elif field_.kind == "array" and not field_.is_variable and value is not None:
+            total += field_.unit_bytes
+        elif field_.kind == "array" and isinstance(value, np.ndarray):
+            total += value.size * field_.dtype.itemsize
+        else:
+            return None
+    return total

@@ -1,0 +1,82 @@
+"""Tests for the pack's batched unit writer and the projection of records onto a schema."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import roxxel
+from roxxel import ingest_pack
+from roxxel.cli import main
+from roxxel.ingest_schema import max_record_bytes, project_record
+from roxxel.schema import Schema
+
+FIELDS = ["--field", "id:int64", "--field", "tokens:uint16[]", "--field", "text:str"]
+
+
+def _corpus(path, n=700, bad_line=None):
+    rng = np.random.default_rng(0)
+    lines = []
+    for i in range(n):
+        tokens = rng.integers(0, 60000, rng.integers(0, 40)).tolist()
+        if i == bad_line:
+            tokens = [1, 70000]
+        text = "é" * int(rng.integers(0, 30)) + "x"
+        lines.append(json.dumps({"id": i, "tokens": tokens, "text": text}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _pack(src, out, *extra):
+    return main(["pack", str(src), "-o", str(out), *FIELDS, "--quiet", *map(str, extra)])
+
+
+def _files(root):
+    return {p.name: p.read_bytes() for p in sorted(root.glob("*.rxs"))}
+
+
+@pytest.mark.parametrize("shard_bytes", ["2K", "64K", "256M"])
+def test_batched_pack_equals_record_by_record_pack(tmp_path, monkeypatch, shard_bytes):
+    src = _corpus(tmp_path / "in.jsonl")
+    assert _pack(src, tmp_path / "batched", "--shard-bytes", shard_bytes) == 0
+    monkeypatch.setattr(ingest_pack, "max_record_bytes", lambda record, fields: None)
+    assert _pack(src, tmp_path / "single", "--shard-bytes", shard_bytes) == 0
+    batched, single = _files(tmp_path / "batched"), _files(tmp_path / "single")
+    assert batched == single and len(batched) >= (2 if shard_bytes != "256M" else 1)
+
+
+def test_bad_record_inside_a_batch_is_named_by_line(tmp_path, capsys):
+    src = _corpus(tmp_path / "in.jsonl", bad_line=300)
+    assert _pack(src, tmp_path / "ds") == 1
+    err = capsys.readouterr().err
+    assert f"{src}:301: " in err and "70000" in err and "Traceback" not in err
+
+
+def test_skip_bad_inside_a_batch_keeps_the_others_in_order(tmp_path, capsys):
+    src = _corpus(tmp_path / "in.jsonl", bad_line=300)
+    assert _pack(src, tmp_path / "ds", "--skip-bad") == 0
+    assert f"{src}:301" in capsys.readouterr().err
+    ds = roxxel.open_dataset(tmp_path / "ds")
+    ids = [int(ds[i]["id"]) for i in range(len(ds))]
+    assert ids == [i for i in range(700) if i != 300]
+
+
+def test_project_converts_int_lists_exactly_or_leaves_them_to_the_writer():
+    fields = {f.name: f for f in Schema.parse({"t": "uint16[]", "f": "float32[]"})}
+    got = project_record({"t": [1, 65535], "f": [0.5], "other": 1}, fields)
+    assert got["t"].dtype == np.uint16 and got["t"].tolist() == [1, 65535]
+    assert set(got) == {"t", "f"}
+    for bad in ([1, 70000], [-1], [1, 2.5], [True, False]):
+        kept = project_record({"t": bad, "f": []}, fields)["t"]
+        assert not (isinstance(kept, np.ndarray) and kept.dtype == np.uint16)
+
+
+def test_max_record_bytes_bounds_what_the_writer_stores():
+    schema = Schema.parse({"t": "int32[]", "s": "str", "img": "uint8[2,3]", "n": "int64"})
+    fields = {f.name: f for f in schema}
+    record = {"t": np.arange(5, dtype=np.int32), "s": "é!", "img": np.zeros((2, 3)), "n": 3}
+    assert max_record_bytes(record, fields) == 20 + 8 + 6 + 8
+    assert max_record_bytes({**record, "t": [1, 2]}, fields) is None
+    assert max_record_bytes({"t": record["t"]}, fields) is None

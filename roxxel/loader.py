@@ -21,7 +21,7 @@ import numpy as np
 
 from roxxel import device
 from roxxel.errors import ConfigError, StateError
-from roxxel.pipeline import BufferPool, Prefetcher
+from roxxel.pipeline import BufferPool, Layout, Prefetcher
 from roxxel.steps import BatchPlan, Pick, plan_for
 from roxxel.views import fingerprint_of
 
@@ -148,7 +148,8 @@ class Loader:
                 "a sharding to place batches first",
             )
         self._assembler = _Assembler(self._plan, self._sharding, self.config, self._seed)
-        self._assembler.check(self._plan.batch_size_at(self._step))
+        for step in self._plan.shape_steps(self._step):  # every phase's shape, up front
+            self._assembler.check(step)
         self._fingerprint = fingerprint_of(
             {
                 "version": STATE_VERSION,
@@ -246,35 +247,37 @@ class _Assembler:
 
     def __init__(self, plan: BatchPlan, sharding: Any, config: LoaderConfig, seed: int) -> None:
         self._plan, self._sharding, self._config, self._seed = plan, sharding, config, seed
-        self._layout = plan.layout(extras=_extras(config))
-        self._pools: dict[int, BufferPool] = {}
+        self._extras = _extras(config)
+        self._pools: dict[tuple[int, Layout], BufferPool] = {}
         self._advised = -1
         self._cold_until: int | None = None  # advise while step < this; None: not started
-        self._rows: dict[int, np.ndarray] = {}
+        self._rows: dict[tuple[int, Layout], np.ndarray] = {}
         self._plans: dict[tuple[Any, ...], dict[str, device.RowPlan]] = {}
         self._device_fn = jax.jit(config.device_transform) if config.device_transform else None
 
-    def check(self, batch_size: int) -> np.ndarray:
-        """The rows this process reads at `batch_size` (validates the sharding once)."""
-        rows = self._rows.get(batch_size)
+    def check(self, step: int) -> np.ndarray:
+        """The rows this process reads at `step`'s batch size and layout (a mixture phase may
+        change both; validates the sharding once per shape)."""
+        key = (self._plan.batch_size_at(step), self._plan.layout_at(step, self._extras))
+        rows = self._rows.get(key)
         if rows is not None:
             return rows
         if self._sharding is None:
-            rows = np.arange(batch_size, dtype=np.int64)
+            rows = np.arange(key[0], dtype=np.int64)
         else:
-            shapes = {name: (batch_size, *shape) for name, shape, _ in self._layout.fields}
+            shapes = {name: (key[0], *shape) for name, shape, _ in key[1].fields}
             rows = device.union_rows(device.plan_fields(self._sharding, shapes).values())
-        self._rows[batch_size] = rows
+        self._rows[key] = rows
         return rows
 
     def __call__(self, step: int) -> Batch | None:
         batch_size = self._plan.batch_size_at(step)
-        rows = self.check(batch_size)
+        rows = self.check(step)
         pick = self._plan.pick(step, rows)
         if pick is None:
             return None
         self._advise(step, pick)
-        host = self._pool(batch_size, len(rows)).acquire()
+        host = self._pool(batch_size, len(rows), self._plan.layout_at(step, self._extras)).acquire()
         faults = _major_faults()
         self._plan.fill(pick, host)
         if (
@@ -301,11 +304,11 @@ class _Assembler:
             plans = self._plans[key] = device.plan_fields(self._sharding, shapes)
         return plans
 
-    def _pool(self, batch_size: int, num_rows: int) -> BufferPool:
-        pool = self._pools.get(batch_size)
+    def _pool(self, batch_size: int, num_rows: int, layout: Layout) -> BufferPool:
+        pool = self._pools.get((batch_size, layout))
         if pool is None:
-            pool = self._pools[batch_size] = BufferPool(
-                self._layout, num_rows, keep=self._config.prefetch + 2
+            pool = self._pools[batch_size, layout] = BufferPool(
+                layout, num_rows, keep=self._config.prefetch + 2
             )
         return pool
 
@@ -331,7 +334,7 @@ class _Assembler:
         if self._advised < step:
             self._plan.advise(pick)
         for target in range(max(step + 1, self._advised + 1), step + ahead + 1):
-            later = self._plan.pick(target, self.check(self._plan.batch_size_at(target)))
+            later = self._plan.pick(target, self.check(target))
             if later is None:
                 break
             self._plan.advise(later)

@@ -4,7 +4,9 @@ A `Mixture` maps every stream position (``step * batch + row``, arithmetic acros
 of different batch sizes) to a source and a record of that source. Nothing is stored per
 position: inside each phase the sources interleave as a capped Sainte-Laguë sequence
 (`roxxel.interleave`), and each source's draws map to records through its per-epoch keyed
-permutation (`roxxel.order`). Seeking anywhere costs O(K log K) exact integer work.
+permutation (`roxxel.order`) of the phase's record space: a token-window source's windows
+at the phase's ``seq_len`` (`roxxel.phases.Space`). Seeking anywhere costs O(K log K)
+exact integer work.
 No files, no jax. The exact semantics are in ``docs/sampling.md``.
 """
 
@@ -24,14 +26,20 @@ from roxxel.interleave import PhaseStream
 from roxxel.order import records_for_sources
 from roxxel.phases import (
     Cap,
+    Ledger,
     Phase,
     Schedule,
+    Space,
     Weight,
-    cap_samples,
+    cap_units,
     check_int,
+    check_sources,
     exact_number,
     fail,
     integer_weights,
+    own_unit,
+    phase_spaces,
+    refilled,
 )
 
 __all__ = ["Cap", "Mixture", "OnExhausted", "Phase"]
@@ -58,7 +66,7 @@ class _Options:
 class _Origin:
     step: int
     position: int
-    draws: Mapping[str, int]
+    ledger: Ledger | None
     parent: str
 
 
@@ -67,7 +75,9 @@ class Mixture:
 
     Args:
         sources: name -> any object with ``__len__`` (records, token windows, ...); a
-            source's id is its index in this mapping's order.
+            source's id is its index in this mapping's order. A source with ``seq_len``
+            and ``with_seq_len`` (`roxxel.TokenWindows`) follows each phase's ``seq_len``
+            and counts its caps in tokens.
         phases: a sequence of `Phase`, or one weights mapping (a single open-ended phase).
         batch_size: the global batch size of the phases that do not set their own.
         caps: name -> `Cap`, or a number of epochs; sources left out are unlimited.
@@ -101,7 +111,7 @@ class Mixture:
         on_exhausted: OnExhausted = "stop",
     ) -> None:
         options = _Options(batch_size, dict(caps or {}), seed, shuffle, on_exhausted)
-        self._setup(sources, phases, options, _Origin(0, 0, {}, ""))
+        self._setup(sources, phases, options, _Origin(0, 0, None, ""))
 
     @classmethod
     def continue_from(
@@ -118,20 +128,20 @@ class Mixture:
         The new mixture keeps ``old``'s sources, seed, shuffle and default batch size; its
         phases' ``end_step`` are absolute steps after ``step``. Its first position is
         ``old.position_at(step)`` and each source's next draw is the one ``old`` would have
-        made next, so across the switch no draw repeats and none is skipped. Caps count
-        every draw since step 0. Steps before ``step`` are not part of the new mixture.
+        made next, so across the switch no draw repeats and none is skipped (at each window
+        length). Caps count every draw since step 0. Steps before ``step`` are not part of
+        the new mixture.
         """
         step = check_int("Mixture.continue_from: step", step, old.origin_step)
         position = old.position_at(step)
         if old.num_positions is not None and position > old.num_positions:
             rule = f"a step starting at or before position {old.num_positions}"
             raise fail("Mixture.continue_from: step", "after the old stream's end", step, rule)
-        draws = dict(zip(old.names, old.counts(position).tolist(), strict=True))
         new_caps = old._options.caps if caps is None else dict(caps)
         policy = old.on_exhausted if on_exhausted is None else on_exhausted
         options = _Options(old.batch_size, new_caps, old.seed, old.shuffle, policy)
         new = cls.__new__(cls)
-        origin = _Origin(step, position, draws, old.fingerprint())
+        origin = _Origin(step, position, old.ledger_at(position), old.fingerprint())
         new._setup(dict(zip(old.names, old.sources, strict=True)), phases, options, origin)
         return new
 
@@ -142,24 +152,19 @@ class Mixture:
         self._origin = origin
         self._weights = [self._phase_weights(i, p) for i, p in enumerate(self.phases)]
         self.schedule = Schedule(self.phases, self.batch_size, origin.step, origin.position)
+        self._spaces = phase_spaces(
+            self.phases, self._weights, dict(zip(self.names, self.sources, strict=True))
+        )
         self._pos_starts = self.schedule.pos_starts
         self.end_step = self.schedule.end_step
         self._build_streams()
 
     def _validate_sources(self, sources: Mapping[str, Sized]) -> None:
-        if not isinstance(sources, Mapping) or not sources:
-            raise fail("Mixture: sources", "no sources", sources, "a name -> source mapping")
-        for name, source in sources.items():
-            where = f"Mixture: sources[{name!r}]"
-            if not isinstance(name, str) or not name:
-                raise fail("Mixture: sources", "bad source name", name, "a non-empty str")
-            if not hasattr(source, "__len__"):
-                raise fail(where, "no length", type(source).__name__, "an object with __len__")
-            if len(source) < 1:
-                raise fail(where, "empty source", len(source), "at least 1 sample")
+        check_sources(sources)
         self.names: tuple[str, ...] = tuple(sources)
         self.sources = tuple(sources.values())
         self.sizes = tuple(len(s) for s in self.sources)
+        self._units = tuple(own_unit(s) for s in self.sources)
 
     def _validate_options(self, options: _Options) -> None:
         if options.batch_size is not None:
@@ -167,19 +172,19 @@ class Mixture:
         check_int("Mixture: seed", options.seed, 0)
         if not isinstance(options.shuffle, bool):
             raise fail("Mixture: shuffle", "not a bool", options.shuffle, "True or False")
-        policies = get_args(OnExhausted)
-        if options.on_exhausted not in policies:
-            raise fail(
-                "Mixture: on_exhausted",
-                "unknown policy",
-                options.on_exhausted,
-                " or ".join(policies),
-            )
+        if options.on_exhausted not in (policies := get_args(OnExhausted)):
+            rule = " or ".join(policies)
+            raise fail("Mixture: on_exhausted", "unknown policy", options.on_exhausted, rule)
         caps: list[int | None] = [None] * len(self.names)
         for name, cap in options.caps.items():
             k = self._source_id(f"Mixture: caps[{name!r}]", name)
-            caps[k] = cap_samples(f"Mixture: caps[{name!r}]", cap, self.sizes[k])
-        self._options, self.caps = options, tuple(caps)
+            where = f"Mixture: caps[{name!r}]"
+            caps[k] = cap_units(where, cap, self.sizes[k], self._units[k])
+        self._cap_units = tuple(caps)
+        self.caps = tuple(
+            None if c is None else c // u for c, u in zip(caps, self._units, strict=True)
+        )
+        self._options = options
         self.batch_size, self.seed, self.shuffle = options.batch_size, options.seed, options.shuffle
         self.on_exhausted: OnExhausted = options.on_exhausted
 
@@ -199,39 +204,30 @@ class Mixture:
         return integer_weights(f"{where}.weights", exact)
 
     def _build_streams(self) -> None:
-        consumed = [self._origin.draws.get(name, 0) for name in self.names]
-        allowance, refill = list(self.caps), self.on_exhausted == "refill"
+        ledger = self._origin.ledger or Ledger.empty(len(self.names))
+        allowance, refill = list(self._cap_units), self.on_exhausted == "refill"
         self._streams: list[PhaseStream] = []
-        self._consumed: list[list[int]] = []
+        self._ledgers: list[Ledger] = []
         self.num_positions: int | None = None
         for p, weights in enumerate(self._weights):
-            length = self.schedule.num_positions(p)
+            length, units = self.schedule.num_positions(p), [s.unit for s in self._spaces[p]]
             remaining = [
-                None if a is None else max(0, a - c)
-                for a, c in zip(allowance, consumed, strict=True)
+                None if a is None else max(0, a - c) // u
+                for a, c, u in zip(allowance, ledger.units, units, strict=True)
             ]
-            stream = PhaseStream(weights, remaining, self.caps, length, refill)
+            caps = [
+                None if c is None else c // u for c, u in zip(self._cap_units, units, strict=True)
+            ]
+            stream = PhaseStream(weights, remaining, caps, length, refill)
             self._streams.append(stream)
-            self._consumed.append(consumed)
+            self._ledgers.append(ledger)
             if stream.length is None:
                 return
-            allowance = self._refilled(stream, allowance, weights)
-            done = stream.counts(stream.length)
-            consumed = [c + d for c, d in zip(consumed, done, strict=True)]
+            allowance = refilled(stream, allowance, caps, units)
+            ledger = ledger.after(self._spaces[p], stream.counts(stream.length))
             if stream.length != length or p + 1 == len(self.phases):
                 self.num_positions = self._pos_starts[p] + stream.length
                 return
-
-    def _refilled(self, stream: PhaseStream, allowance: list, weights: Sequence[int]) -> list:
-        """Allowances after a phase: each refill adds a full cap to the phase's sources."""
-        first = stream.first.total or 0
-        if stream.cycle is None or stream.length is None or stream.length <= first:
-            return allowance
-        rounds = -(-(stream.length - first) // (stream.cycle.total or 1))
-        return [
-            a if a is None or cap is None or w == 0 else a + rounds * cap
-            for a, cap, w in zip(allowance, self.caps, weights, strict=True)
-        ]
 
     # --- steps and positions (see `roxxel.phases.Schedule`) -------------------------------
 
@@ -251,6 +247,11 @@ class Mixture:
     def seq_len_at(self, step: int) -> int | None:
         """The phase's ``seq_len`` override at ``step`` (``None``: the source's own)."""
         return self.phases[self.schedule.phase_at(step)].seq_len
+
+    def spaces(self, phase: int) -> tuple[Space, ...]:
+        """Each source's record space in phase ``phase``, by source id: the object the
+        loader reads (``space.source``), its size, tokens per sample and permutation key."""
+        return self._spaces[phase]
 
     def position_at(self, step: int) -> int:
         """The first position of ``step`` (``end_step`` allowed: the position after the last)."""
@@ -277,15 +278,20 @@ class Mixture:
         Includes draws made before a `continue_from` origin; past the end of the stream it
         is the final count. O(K log K + log P) exact work for any ``stop``.
         """
+        return np.asarray(self.ledger_at(stop).draws, np.int64)
+
+    def ledger_at(self, stop: int) -> Ledger:
+        """What each source has drawn before position ``stop``: draws, units (tokens of a
+        token-window source, else samples) and draws per window length. As `counts`."""
         p = self._stream_at(stop)
         local = self._streams[p].counts(int(stop) - self._pos_starts[p])
-        return np.asarray(self._consumed[p], np.int64) + np.asarray(local, np.int64)
+        return self._ledgers[p].after(self._spaces[p], local)
 
     def shares(self, stop: int) -> list[Fraction]:
         """The fluid (ideal) draws of each source before ``stop``: the reference of the bound."""
         p = self._stream_at(stop)
         fluid = self._streams[p].fluid(int(stop) - self._pos_starts[p])
-        return [c + f for c, f in zip(self._consumed[p], fluid, strict=True)]
+        return [c + f for c, f in zip(self._ledgers[p].draws, fluid, strict=True)]
 
     def draws(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Source ids (int32) and draw indices (int64) of positions ``[start, stop)``.
@@ -293,6 +299,30 @@ class Mixture:
         Shorter than ``stop - start`` only where the stream ends. O(stop - start) vectorized
         work plus O(K log K) per phase the range touches; never proportional to ``start``.
         """
+        parts = [
+            (s, d + np.asarray(self._ledgers[p].draws, np.int64)[s])
+            for p, s, d in self._parts(start, stop)
+        ]
+        return _joined(parts)
+
+    def locate(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Source ids (int32) and record indices (int64) of positions ``[start, stop)``.
+
+        In each phase a source's draws at the phase's window length are counted over the
+        run (`ledger_at`), and the j-th maps to a sample of its `spaces` through
+        `roxxel.order.records_for_draws`, keyed by (seed, space key, epoch). A range that
+        spans phases of different lengths mixes their spaces. Same cost as `draws`.
+        """
+        parts = []
+        for p, sources, draws in self._parts(start, stop):
+            spaces, keys = self._spaces[p], {"seed": self.seed, "shuffle": self.shuffle}
+            sizes, names = [max(s.size, 1) for s in spaces], [s.key for s in spaces]
+            draws = draws + self._ledgers[p].bases(spaces)[sources]
+            parts.append((sources, records_for_sources(sizes, sources, draws, names=names, **keys)))
+        return _joined(parts)
+
+    def _parts(self, start: int, stop: int) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """Per phase that ``[start, stop)`` touches: (phase, sources, phase-relative draws)."""
         start, stop = self.schedule.check_position(start), int(stop)
         if stop < start:
             raise IndexError(f"Mixture: reversed range ({start}, {stop}), expected start <= stop")
@@ -302,25 +332,9 @@ class Mixture:
         while start < stop:
             end = stop if p + 1 >= len(self._streams) else min(stop, self._pos_starts[p + 1])
             base = self._pos_starts[p]
-            sources, draws = self._streams[p].window(start - base, end - base)
-            parts.append((sources, draws + np.asarray(self._consumed[p], np.int64)[sources]))
+            parts.append((p, *self._streams[p].window(start - base, end - base)))
             start, p = end, p + 1
-        if not parts:
-            return np.zeros(0, np.int32), np.zeros(0, np.int64)
-        sources = np.concatenate([s for s, _ in parts]).astype(np.int32)
-        return sources, np.concatenate([d for _, d in parts])
-
-    def locate(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """Source ids (int32) and record indices (int64) of positions ``[start, stop)``.
-
-        A draw maps to a record through `roxxel.order.records_for_draws`, keyed by
-        (seed, source name, epoch). Same cost and truncation as `draws`.
-        """
-        sources, draws = self.draws(start, stop)
-        records = records_for_sources(
-            self.sizes, sources, draws, seed=self.seed, names=self.names, shuffle=self.shuffle
-        )
-        return sources, records
+        return parts
 
     def exhausted_at(self) -> dict[str, int]:
         """Capped source name -> the position just after its last draw within its cap.
@@ -348,6 +362,7 @@ class Mixture:
             for w, ph, b in zip(self._weights, self.phases, self.schedule.batch_sizes, strict=True)
         ]
         origin = self._origin
+        draws = dict(zip(self.names, origin.ledger.draws, strict=True)) if origin.ledger else {}
         config = {
             "version": 1,
             "names": self.names,
@@ -357,10 +372,21 @@ class Mixture:
             "seed": self.seed,
             "shuffle": self.shuffle,
             "on_exhausted": self.on_exhausted,
-            "origin": [origin.step, origin.position, sorted(origin.draws.items()), origin.parent],
+            "origin": [origin.step, origin.position, sorted(draws.items()), origin.parent],
         }
+        names = [n for spaces in self._spaces for n in self.names]
+        if any(s.key != n for s, n in zip(sum(self._spaces, ()), names, strict=True)):
+            lengths = [[[s.key, s.size, s.unit] for s in spaces] for spaces in self._spaces]
+            config["lengths"] = {"cap_units": self._cap_units, "spaces": lengths}
         text = json.dumps(config, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def __repr__(self) -> str:
         return f"Mixture(names={self.names}, phases={len(self.phases)}, positions={self.num_positions})"
+
+
+def _joined(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    if not parts:
+        return np.zeros(0, np.int32), np.zeros(0, np.int64)
+    sources = np.concatenate([s for s, _ in parts]).astype(np.int32)
+    return sources, np.concatenate([np.asarray(d, np.int64) for _, d in parts])

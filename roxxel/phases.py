@@ -1,8 +1,10 @@
 """Curriculum phases and caps: the configuration values of a mixture, and its step schedule.
 
 A `Schedule` turns phases into arithmetic: the step and position where each phase starts,
-with positions summed as steps x batch size of the earlier phases. Integers in, integers
-out; every invalid value raises `ConfigError` naming the phase at fault.
+with positions summed as steps x batch size of the earlier phases. A `Space` is what one
+source draws from in one phase (its token windows at the phase's ``seq_len``), and a
+`Ledger` what each source has drawn so far. Integers in, integers out; every invalid value
+raises `ConfigError` naming the phase at fault.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from fractions import Fraction
 import numpy as np
 
 from roxxel.errors import ConfigError
+from roxxel.interleave import PhaseStream
 
-__all__ = ["Cap", "Phase", "Schedule"]
+__all__ = ["Cap", "Ledger", "Phase", "Schedule", "Space", "phase_spaces", "source_space"]
 
 Weight = float | int | Fraction
 
@@ -29,8 +32,10 @@ class Phase:
     Phases run back to back: a phase starts where the previous one ended (step 0 for the
     first) and ends at ``end_step``; only the last may leave it ``None`` (it runs until its
     sources are exhausted, or for ever). A last phase with an ``end_step`` ends the stream
-    there. Sources left out of ``weights`` have weight 0. ``batch_size`` and ``seq_len``
-    override the mixture's for this phase (``None``: inherit).
+    there. Sources left out of ``weights`` have weight 0. ``batch_size`` overrides the
+    mixture's for this phase (``None``: inherit). ``seq_len`` is the token window length of
+    this phase for every source that has one (a `roxxel.TokenWindows`): its windows are cut
+    at this length, with a fresh shuffle of its own (``None``: each source's own length).
     """
 
     weights: Mapping[str, Weight]
@@ -81,14 +86,152 @@ def integer_weights(where: str, weights: Sequence[Fraction]) -> tuple[int, ...]:
     return tuple(i // divisor for i in ints)
 
 
-def cap_samples(where: str, cap: Cap | Weight, num_records: int) -> int:
+def check_sources(sources: object) -> None:
+    """Raise `ConfigError` unless ``sources`` maps non-empty names to non-empty sized objects."""
+    if not isinstance(sources, Mapping) or not sources:
+        raise fail("Mixture: sources", "no sources", sources, "a name -> source mapping")
+    for name, source in sources.items():
+        where = f"Mixture: sources[{name!r}]"
+        if not isinstance(name, str) or not name:
+            raise fail("Mixture: sources", "bad source name", name, "a non-empty str")
+        if not hasattr(source, "__len__"):
+            raise fail(where, "no length", type(source).__name__, "an object with __len__")
+        if len(source) < 1:
+            raise fail(where, "empty source", len(source), "at least 1 sample")
+
+
+def cap_units(where: str, cap: Cap | Weight, num_records: int, unit: int = 1) -> int:
+    """A cap in units (tokens of a token-window source, else samples): ``epochs`` means
+    ``floor(epochs * num_records * unit)``, ``samples`` means ``samples * unit``.
+
+    >>> cap_units("c", 1.5, 10), cap_units("c", Cap(epochs=0.55), 10, 4)
+    (15, 22)
+    """
     if not isinstance(cap, Cap):
         cap = Cap(epochs=cap)
     if (cap.epochs is None) == (cap.samples is None):
         raise fail(where, "a cap needs exactly one of epochs and samples", cap, "one")
     if cap.samples is not None:
-        return check_int(f"{where}.samples", cap.samples, 0)
-    return math.floor(exact_number(f"{where}.epochs", cap.epochs) * num_records)
+        return check_int(f"{where}.samples", cap.samples, 0) * unit
+    return math.floor(exact_number(f"{where}.epochs", cap.epochs) * num_records * unit)
+
+
+def own_unit(source: object) -> int:
+    """Tokens per sample of a source at its own window length; 1 for a source without one."""
+    length = getattr(source, "seq_len", None)
+    resizable = callable(getattr(source, "with_seq_len", None))
+    return length if resizable and isinstance(length, int) and length > 0 else 1
+
+
+@dataclass(frozen=True, slots=True)
+class Space:
+    """The samples one source draws from in one phase.
+
+    Attributes:
+        key: what its epoch permutations are keyed by: the source name at its own window
+            length, ``"<name>|seq_len=<L>"`` at another length ``L``.
+        size: its samples (windows at that length, or the source's records).
+        unit: tokens per sample (the window length; 1 for a source without one).
+        source: what the loader reads: the source, or its ``with_seq_len(L)`` view.
+    """
+
+    key: str
+    size: int
+    unit: int
+    source: object
+
+
+def source_space(where: str, name: str, source: object, seq_len: int | None, views: dict) -> Space:
+    """The `Space` of ``source`` under a phase's ``seq_len``; ``views`` caches the
+    ``with_seq_len`` views by (name, length), so phases of one length share one view.
+
+    Raises:
+        ConfigError: a phase length for a source that states ``tokens_per_sample`` but
+            cannot change its window length (it would be planned at the wrong length).
+    """
+    unit = own_unit(source)
+    if unit == 1 and not callable(getattr(source, "with_seq_len", None)):
+        stated = getattr(source, "tokens_per_sample", None)
+        if seq_len is not None and stated is not None and stated != seq_len:
+            rule = "a source with with_seq_len, such as TokenWindows"
+            raise fail(where, "cannot change its window length", type(source).__name__, rule)
+        return Space(name, len(source), 1, source)  # type: ignore[arg-type]
+    if seq_len is None or seq_len == unit:
+        return Space(name, len(source), unit, source)  # type: ignore[arg-type]
+    if (name, seq_len) not in views:
+        views[name, seq_len] = source.with_seq_len(seq_len)  # type: ignore[attr-defined]
+    view = views[name, seq_len]
+    return Space(f"{name}|seq_len={seq_len}", len(view), seq_len, view)
+
+
+def phase_spaces(
+    phases: Sequence[Phase], weights: Sequence[Sequence[int]], sources: Mapping[str, object]
+) -> list[tuple[Space, ...]]:
+    """Each phase's `Space` of each source, by source id; phases of one length share views.
+
+    Raises:
+        ConfigError: as `source_space`, or a source the phase weights with no window at
+            the phase's length.
+    """
+    views: dict = {}
+    found = []
+    for p, phase in enumerate(phases):
+        where = f"Mixture: phases[{p}].seq_len"
+        spaces = tuple(
+            source_space(f"{where}: sources[{n!r}]", n, s, phase.seq_len, views)
+            for n, s in sources.items()
+        )
+        for name, space, w in zip(sources, spaces, weights[p], strict=True):
+            if w and space.size < 1:
+                rule = "at least 1 window at this length"
+                raise fail(f"{where}: sources[{name!r}]", "no samples", space.size, rule)
+        found.append(spaces)
+    return found
+
+
+def refilled(stream: PhaseStream, allowance: list, caps: Sequence, units: Sequence) -> list:
+    """Allowances (in units) after a phase: each refill cycle adds the phase's cap, in whole
+    samples of the phase's length, to each source the phase weights."""
+    first = stream.first.total or 0
+    if stream.cycle is None or stream.length is None or stream.length <= first:
+        return allowance
+    rounds = -(-(stream.length - first) // (stream.cycle.total or 1))
+    weights = stream.first.weights
+    return [
+        a if a is None or cap is None or w == 0 else a + rounds * cap * u
+        for a, cap, u, w in zip(allowance, caps, units, weights, strict=True)
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    """What each source has drawn so far, by source id: draws over all lengths, units
+    (tokens, or samples) they cost, and draws per space key (a source's draws at one length).
+    """
+
+    draws: tuple[int, ...]
+    units: tuple[int, ...]
+    by_space: Mapping[str, int]
+
+    @staticmethod
+    def empty(num_sources: int) -> Ledger:
+        return Ledger((0,) * num_sources, (0,) * num_sources, {})
+
+    def after(self, spaces: Sequence[Space], counts: Sequence[int]) -> Ledger:
+        """The ledger once each source ``k`` has drawn ``counts[k]`` more in ``spaces[k]``."""
+        by_space = dict(self.by_space)
+        for space, count in zip(spaces, counts, strict=True):
+            if count:
+                by_space[space.key] = by_space.get(space.key, 0) + int(count)
+        return Ledger(
+            tuple(d + int(c) for d, c in zip(self.draws, counts, strict=True)),
+            tuple(u + int(c) * s.unit for u, c, s in zip(self.units, counts, spaces, strict=True)),
+            by_space,
+        )
+
+    def bases(self, spaces: Sequence[Space]) -> np.ndarray:
+        """Per source, the draws already made in its space (int64): where its next one falls."""
+        return np.asarray([self.by_space.get(s.key, 0) for s in spaces], np.int64)
 
 
 class Schedule:

@@ -40,10 +40,11 @@ def _last_step(mixture: Mixture, num_steps: int | None, where: str) -> int:
 
 
 def _tokens_per_sample(mixture: Mixture, phase: int, source: int) -> int | None:
-    seq_len = mixture.phases[phase].seq_len
-    if seq_len is not None:
-        return seq_len
-    value = getattr(mixture.sources[source], "tokens_per_sample", None)
+    """The window length the source has in this phase, else its ``tokens_per_sample``."""
+    space = mixture.spaces(phase)[source]
+    if space.unit > 1:
+        return space.unit
+    value = getattr(space.source, "tokens_per_sample", None)
     return value if isinstance(value, int) else None
 
 
@@ -60,8 +61,10 @@ def _table(rows: list[list[str]]) -> list[str]:
 
 
 def _phase_rows(
-    mixture: Mixture, phase: int, span: tuple[int, int], runs_out: dict[str, int]
+    mixture: Mixture, phase: int, span: tuple[int, int], runs_out: dict[str, int], tokens: list
 ) -> list[list[str]]:
+    """The table rows of one phase; adds each source's tokens to ``tokens`` (None: unknown).
+    Epochs are counted in the source's samples at the phase's window length."""
     first, last = span
     lo, hi = mixture.counts(mixture.position_at(first)), mixture.counts(mixture.position_at(last))
     weights = mixture.phases[phase].weights
@@ -71,13 +74,15 @@ def _phase_rows(
         samples = int(hi[k] - lo[k])
         per = _tokens_per_sample(mixture, phase, k)
         out = runs_out.get(name)
+        if tokens[k] is not None and samples:
+            tokens[k] = None if per is None else tokens[k] + samples * per
         rows.append(
             [
                 f"  {name}",
                 f"{100 * float(weights.get(name, 0)) / total:.2f}%",
                 f"{samples:,}",
                 "-" if per is None else f"{samples * per:,}",
-                f"{samples / mixture.sizes[k]:.3f}",
+                f"{samples / mixture.spaces(phase)[k].size:.3f}",
                 f"{out:,}" if out is not None and first <= out < last else "",
             ]
         )
@@ -88,8 +93,9 @@ def plan_report(mixture: Mixture, num_steps: int | None = None) -> str:
     """A text table per phase and source: weight, samples, tokens, epochs, and the step at
     which each capped source runs out (its last draw under its cap).
 
-    Tokens come from the phase's ``seq_len``, else the source's ``tokens_per_sample``
-    attribute (``-`` when neither is known). ``num_steps`` limits the plan (exclusive); it is
+    Tokens are samples times the source's window length in that phase (the phase's
+    ``seq_len`` for token windows), else its ``tokens_per_sample`` attribute (``-`` when
+    neither is known); epochs count samples at that length. ``num_steps`` limits the plan (exclusive); it is
     required when the stream never ends. O(P (K log K)) exact work, whatever the steps.
 
     Raises:
@@ -105,21 +111,25 @@ def plan_report(mixture: Mixture, num_steps: int | None = None) -> str:
         f"[{mixture.origin_step:,}, {stop:,})",
     ]
     header = ["source", "weight", "samples", "tokens", "epochs", "runs out at step"]
-    starts = mixture.schedule.step_starts
+    starts, tokens = mixture.schedule.step_starts, [0] * len(mixture.names)
     for p in range(len(mixture.phases)):
         first = starts[p]
         last = min(stop, starts[p + 1] if p + 1 < len(starts) else stop)
         if first >= stop:
             break
-        batch = mixture.schedule.batch_sizes[p]
-        lines.append(f"phase {p}: steps [{first:,}, {last:,}), batch {batch}")
-        lines.extend(_table([header, *_phase_rows(mixture, p, (first, last), runs_out)]))
+        batch, seq_len = mixture.schedule.batch_sizes[p], mixture.phases[p].seq_len
+        length = "" if seq_len is None else f", seq_len {seq_len}"
+        lines.append(f"phase {p}: steps [{first:,}, {last:,}), batch {batch}{length}")
+        lines.extend(_table([header, *_phase_rows(mixture, p, (first, last), runs_out, tokens)]))
     total = mixture.counts(mixture.position_at(stop)) - mixture.counts(
         mixture.position_at(mixture.origin_step)
     )
     lines.append(
         "total: " + ", ".join(f"{n} {int(c):,}" for n, c in zip(mixture.names, total, strict=True))
     )
+    known = [f"{n} {t:,}" for n, t in zip(mixture.names, tokens, strict=True) if t is not None]
+    if known:
+        lines.append("total tokens: " + ", ".join(known))
     return "\n".join(lines)
 
 

@@ -125,12 +125,9 @@ class Records:
                 self.dataset.shard(shard).advise(field.name, lo, hi)
 
     def fingerprint(self) -> str:
+        layout = _layout_json(self._layout)
         return fingerprint_of(
-            {
-                "kind": "records",
-                "dataset": self.dataset.fingerprint,
-                "layout": _layout_json(self._layout),
-            }
+            {"kind": "records", "dataset": self.dataset.fingerprint, "layout": layout}
         )
 
 
@@ -217,6 +214,8 @@ class TokenWindows:
         self.dataset, self.field = dataset, field
         self.seq_len, self.targets, self.document_structure = seq_len, targets, document_structure
         self.stride = seq_len if stride is None else stride
+        self._options: dict[str, Any] = {"targets": targets, "stride": stride}
+        self._options |= {"document_structure": document_structure, "split_targets": split_targets}
         self.width = seq_len + 1 if targets else seq_len
         self.split_targets = split_targets
         if split_targets and not targets:
@@ -233,18 +232,27 @@ class TokenWindows:
 
     @property
     def layout(self) -> LayoutSpec:
-        if self.split_targets:
-            tokens = {
-                "inputs": ((self.seq_len,), self._dtype),
-                "targets": ((self.seq_len,), self._dtype),
-            }
-        else:
-            tokens = {self.field: ((self.width,), self._dtype)}
-        layout: LayoutSpec = dict(tokens)
-        if self.document_structure:
-            layout["segment_ids"] = ((self._doc_width,), np.dtype(np.int32))
-            layout["positions"] = ((self._doc_width,), np.dtype(np.int32))
+        names = ("inputs", "targets") if self.split_targets else (self.field,)
+        width = self.seq_len if self.split_targets else self.width
+        layout: LayoutSpec = {name: ((width,), self._dtype) for name in names}
+        for name in ("segment_ids", "positions") if self.document_structure else ():
+            layout[name] = ((self._doc_width,), np.dtype(np.int32))
         return layout
+
+    @property
+    def tokens_per_sample(self) -> int:
+        """Tokens one window feeds to training: ``seq_len``."""
+        return self.seq_len
+
+    def with_seq_len(self, seq_len: int) -> TokenWindows:
+        """The same windows cut at another ``seq_len`` (``self`` when it is the same).
+
+        Every option is kept; a stride left to its default follows the new length. A
+        `roxxel.Mixture` calls this for a phase's ``seq_len``.
+        """
+        if seq_len == self.seq_len:
+            return self
+        return TokenWindows(self.dataset, self.field, seq_len, **self._options)
 
     def __len__(self) -> int:
         return self._num_windows
@@ -254,16 +262,10 @@ class TokenWindows:
         return int(self._starts[-1])
 
     def fingerprint(self) -> str:
+        keys = ("field", "width", "stride", "document_structure", "split_targets")
+        found = {key: getattr(self, key) for key in keys}
         return fingerprint_of(
-            {
-                "kind": "token_windows",
-                "dataset": self.dataset.fingerprint,
-                "field": self.field,
-                "width": self.width,
-                "stride": self.stride,
-                "document_structure": self.document_structure,
-                "split_targets": self.split_targets,
-            }
+            {"kind": "token_windows", "dataset": self.dataset.fingerprint, **found}
         )
 
     def read(self, indices: np.ndarray, out: Mapping[str, np.ndarray]) -> None:

@@ -259,7 +259,7 @@ def test_locate_far_away_returns_a_full_batch_with_valid_records() -> None:
 def test_resuming_at_any_position_equals_the_uninterrupted_stream(m: Mixture, data) -> None:
     stop = horizon(m)
     whole = m.locate(0, stop)
-    cuts = {0, 1, stop, data.draw(st.integers(0, stop))}
+    cuts = {0, min(1, stop), stop, data.draw(st.integers(0, stop))}
     cuts |= {min(p, stop) for p in m.exhausted_at().values()}
     cuts |= {min(p, stop) for p in m.schedule.pos_starts}
     for cut in sorted(cuts):
@@ -504,3 +504,171 @@ def test_sort_draws_equals_an_exact_sort_for_any_weights(weights: list[int], dat
         for i, (s, d) in enumerate(zip(sources_, draws, strict=True))
     ]
     assert [keys[i][:2] for i in order] == [k[:2] for k in sorted(keys)]
+
+
+# ---- window lengths per phase ------------------------------------------------------------
+
+
+class FakeWindows:
+    """A token stream of ``num_tokens`` cut into windows of ``seq_len`` (no targets)."""
+
+    def __init__(self, num_tokens: int, seq_len: int) -> None:
+        self.num_tokens, self.seq_len = num_tokens, seq_len
+
+    def __len__(self) -> int:
+        return self.num_tokens // self.seq_len
+
+    def with_seq_len(self, seq_len: int) -> FakeWindows:
+        return FakeWindows(self.num_tokens, seq_len)
+
+
+LENGTHS = st.sampled_from([None, 2, 3, 4, 8])
+
+
+@st.composite
+def windowed_mixtures(draw) -> Mixture:
+    k = draw(st.integers(1, 4))
+    names = [f"w{i}" for i in range(k)]
+    sources = {
+        n: FakeWindows(draw(st.integers(16, 120)), draw(st.sampled_from([2, 4]))) for n in names
+    }
+    ends = sorted(draw(st.lists(st.integers(1, 30), min_size=3, max_size=3, unique=True)))
+    phases = []
+    for p, end in enumerate(ends):
+        weights = {n: draw(st.integers(0, 3)) for n in names}
+        weights[names[p % k]] = 1 + weights[names[p % k]]
+        last_end = draw(st.one_of(st.none(), st.just(end))) if p == 2 else end
+        batch = draw(st.one_of(st.none(), st.integers(1, 6)))
+        phases.append(Phase(weights, end_step=last_end, batch_size=batch, seq_len=draw(LENGTHS)))
+    cap = st.one_of(
+        st.none(), st.sampled_from([0.5, 1, 1.5]), st.integers(0, 20).map(lambda s: Cap(samples=s))
+    )
+    caps = {n: c for n in names if (c := draw(cap)) is not None}
+    policy = draw(POLICIES)
+    args = {"batch_size": 4, "caps": caps, "seed": draw(st.integers(0, 99)), "on_exhausted": policy}
+    return Mixture(sources, phases, **args)
+
+
+def _records_by_space(m: Mixture, stop: int) -> dict[str, list[int]]:
+    """Each space key -> the records drawn from it, in stream order, walking phase by phase."""
+    found: dict[str, list[int]] = {}
+    for p, first in enumerate(m.schedule.pos_starts):
+        end = min(stop, m.schedule.pos_starts[p + 1] if p + 1 < len(m.phases) else stop)
+        sources, records = m.locate(min(first, end), end)
+        for k, r in zip(sources.tolist(), records.tolist(), strict=True):
+            found.setdefault(m.spaces(p)[k].key, []).append(r)
+    return found
+
+
+def test_a_phase_seq_len_cuts_each_source_at_that_length_with_its_own_shuffle() -> None:
+    web = FakeWindows(1000, 10)
+    phases = [
+        Phase({"web": 1}, end_step=5),
+        Phase({"web": 1}, end_step=10, seq_len=20),
+        Phase({"web": 1}, end_step=40),
+    ]
+    m = Mixture({"web": web}, phases, batch_size=4)
+    assert [m.spaces(p)[0].key for p in range(3)] == ["web", "web|seq_len=20", "web"]
+    assert [m.spaces(p)[0].size for p in range(3)] == [100, 50, 100]
+    assert m.spaces(1)[0].source.seq_len == 20 and m.spaces(0)[0].source is web
+    by_space = _records_by_space(m, m.position_at(40))
+    # 20 windows at length 20: a fresh epoch of its own; length 10 resumes its epoch after it
+    assert len(by_space["web|seq_len=20"]) == 20 == len(set(by_space["web|seq_len=20"]))
+    ten = by_space["web"]
+    assert len(ten) == 140 and sorted(ten[:100]) == list(range(100))
+    assert ten[:20] == m.locate(0, 20)[1].tolist()
+    # a source at its own length keeps the keys of a mixture without phase lengths
+    plain = Mixture({"web": web}, [Phase({"web": 1}, end_step=5)], batch_size=4)
+    assert plain.locate(0, 20)[1].tolist() == m.locate(0, 20)[1].tolist()
+    same = Mixture({"web": web}, [Phase({"web": 1}, end_step=5, seq_len=10)], batch_size=4)
+    assert same.locate(0, 20)[1].tolist() == plain.locate(0, 20)[1].tolist()
+
+
+def test_caps_of_token_windows_count_tokens_across_lengths() -> None:
+    web, code = FakeWindows(400, 4), FakeWindows(10_000, 4)  # web: 100 windows, 400 tokens
+    phases = [Phase({"web": 1, "code": 1}, end_step=10), Phase({"web": 1, "code": 1}, seq_len=8)]
+    m = Mixture({"web": web, "code": code}, phases, batch_size=6, caps={"web": 1.5})
+    assert m.caps == (150, None)
+    before = m.ledger_at(m.position_at(10))
+    assert before.draws[0] == 30 and before.units[0] == 120
+    end = m.exhausted_at()["web"]
+    after = m.ledger_at(end)
+    assert after.units[0] == 600 and after.draws[0] == 30 + 60  # (600 - 120) / 8 windows of 8
+    assert after.by_space == {
+        "web": 30,
+        "code": 30,
+        "web|seq_len=8": 60,
+        "code|seq_len=8": end - 60 - 60,
+    }
+    ids = m.locate(end, end + 50)[0]
+    assert np.all(ids == 1)  # the rest goes to code
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(m=windowed_mixtures(), data=st.data())
+def test_windowed_mixtures_resume_anywhere_and_never_repeat_a_window_within_an_epoch(
+    m, data
+) -> None:
+    stop = horizon(m)
+    whole = m.locate(0, stop)
+    cuts = {0, min(1, stop), stop, data.draw(st.integers(0, stop))}
+    cuts |= {min(p, stop) for p in m.schedule.pos_starts}
+    for cut in sorted(cuts):
+        head, tail = m.locate(0, cut), m.locate(cut, stop)
+        assert np.array_equal(np.concatenate([head[1], tail[1]]), whole[1])
+    sizes = {s.key: s.size for p in range(len(m.phases)) for s in m.spaces(p)}
+    for key, records in _records_by_space(m, stop).items():
+        assert all(0 <= r < sizes[key] for r in records)
+        for e in range(0, len(records), sizes[key]):  # each epoch at one length: no repeats
+            epoch = records[e : e + sizes[key]]
+            assert len(set(epoch)) == len(epoch)
+    ledger = m.ledger_at(stop)
+    for k, cap in enumerate(m._cap_units):
+        if cap is not None and m.on_exhausted == "stop":
+            assert ledger.units[k] <= cap
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(m=windowed_mixtures(), data=st.data())
+def test_continuing_a_windowed_mixture_keeps_each_length_where_it_was(m, data) -> None:
+    last = m.end_step if m.end_step is not None else 40
+    step = data.draw(st.integers(0, last - 1))
+    start = m.position_at(step)
+    if m.num_positions is not None and start >= m.num_positions:
+        return
+    p = m.phase_at(step)
+    rest = [Phase(ph.weights, ph.end_step, ph.batch_size, ph.seq_len) for ph in m.phases[p:]]
+    same = Mixture.continue_from(m, step, rest)
+    assert same.ledger_at(start) == m.ledger_at(start)
+    stop = start + 60 if m.num_positions is None else m.num_positions
+    if p + 1 < len(m.phases):
+        stop = min(stop, m.schedule.pos_starts[p + 1])
+    got, expected = same.locate(start, stop), m.locate(start, stop)
+    for k in range(len(m.names)):  # each source goes on with the same windows, in order
+        mine, theirs = got[1][got[0] == k], expected[1][expected[0] == k]
+        n = min(len(mine), len(theirs))
+        assert np.array_equal(mine[:n], theirs[:n])
+    if step == m.schedule.step_starts[p]:  # at a phase start the interleave is the same too
+        whole = same.locate(start, start + 80), m.locate(start, start + 80)
+        assert np.array_equal(whole[0][0], whole[1][0]) and np.array_equal(whole[0][1], whole[1][1])
+
+
+def test_fingerprint_covers_each_phase_seq_len() -> None:
+    def fp(seq_len):
+        phases = [Phase({"w": 1}, end_step=3), Phase({"w": 1}, seq_len=seq_len)]
+        return Mixture({"w": FakeWindows(100, 4)}, phases, batch_size=2).fingerprint()
+
+    assert len({fp(None), fp(2), fp(8)}) == 3
+
+
+def test_phase_lengths_a_source_cannot_take_are_config_errors() -> None:
+    class Stated(FakeSource):
+        tokens_per_sample = 4
+
+    with pytest.raises(ConfigError, match=r"phases\[0\]\.seq_len: sources\['s'\]: cannot change"):
+        Mixture({"s": Stated(5)}, [Phase({"s": 1}, seq_len=8)], batch_size=2)
+    records = Mixture({"s": FakeSource(5)}, [Phase({"s": 1}, seq_len=8)], batch_size=2)
+    assert records.spaces(0)[0].key == "s" and records.spaces(0)[0].unit == 1
+    with pytest.raises(ConfigError, match=r"phases\[1\]\.seq_len: sources\['w'\]: no samples"):
+        phases = [Phase({"w": 1}, end_step=2), Phase({"w": 1}, seq_len=200)]
+        Mixture({"w": FakeWindows(100, 4)}, phases, batch_size=2)

@@ -24,8 +24,22 @@ class FakeSource:
         return self.n
 
 
+class FakeWindows:
+    """Windows of ``seq_len`` over ``num_tokens`` tokens, resizable like `TokenWindows`."""
+
+    def __init__(self, num_tokens: int, seq_len: int) -> None:
+        self.num_tokens, self.seq_len = num_tokens, seq_len
+
+    def __len__(self) -> int:
+        return self.num_tokens // self.seq_len
+
+    def with_seq_len(self, seq_len: int) -> FakeWindows:
+        return FakeWindows(self.num_tokens, seq_len)
+
+
 def curriculum() -> Mixture:
-    sources = {"web": FakeSource(1000, 2048), "code": FakeSource(50), "math": FakeSource(20)}
+    web = FakeWindows(1000 * 2048, 2048)
+    sources = {"web": web, "code": FakeSource(50), "math": FakeSource(20)}
     phases = [
         Phase({"web": 3, "code": 1}, end_step=10),
         Phase({"web": 1, "code": 1, "math": 2}, end_step=30, batch_size=8, seq_len=4096),
@@ -41,19 +55,29 @@ def test_plan_report_lists_each_phase_and_source_with_exact_samples() -> None:
     phase0 = lines.index("phase 0: steps [0, 10), batch 4")
     web0 = lines[phase0 + 2].split()
     assert web0[:4] == ["web", "75.00%", "30", "61,440"]  # 3/4 of 40 positions, 2048 tokens each
-    phase1 = lines.index("phase 1: steps [10, 30), batch 8")
-    math1 = lines[phase1 + 4].split()
-    assert math1[:5] == ["math", "50.00%", "12", "49,152", "0.600"]
+    phase1 = lines.index("phase 1: steps [10, 30), batch 8, seq_len 4096")
+    web1, math1 = lines[phase1 + 2].split(), lines[phase1 + 4].split()
+    web1_samples = int(m.counts(200)[0]) - 30
+    # web's windows are 4096 tokens long in phase 1: 500 of them make an epoch
+    assert web1[:5] == [
+        "web",
+        "25.00%",
+        f"{web1_samples}",
+        f"{web1_samples * 4096:,}",
+        f"{web1_samples / 500:.3f}",
+    ]
+    assert math1[:5] == ["math", "50.00%", "12", "-", "0.600"]  # records: no window length
     out_step = m.step_at(m.exhausted_at()["math"] - 1)
     assert math1[5] == f"{out_step}" and 10 <= out_step < 30
     assert (
-        lines[-1]
+        lines[-2]
         == "total: web "
         + f"{int(m.counts(200)[0]):,}"
         + ", code "
         + f"{int(m.counts(200)[1]):,}"
         + ", math 12"
     )
+    assert lines[-1] == f"total tokens: web {30 * 2048 + web1_samples * 4096:,}"
 
 
 def test_plan_report_needs_num_steps_for_an_endless_stream() -> None:

@@ -256,3 +256,18 @@ def test_record_advice_covers_the_fixed_fields_of_every_record(corpus, monkeypat
         path = str(ds.shard(shard).path)
         assert _covered(calls, path, "label", i * 8, i * 8 + 8)
         assert _covered(calls, path, "image", i * 6, i * 6 + 6)
+
+
+def test_with_seq_len_keeps_every_option_and_a_default_stride_follows(corpus):
+    ds, docs = corpus
+    flat = np.concatenate(docs)
+    windows = TokenWindows(ds, "tokens", 8, document_structure=True, split_targets=True)
+    assert windows.with_seq_len(8) is windows and windows.tokens_per_sample == 8
+    longer = windows.with_seq_len(16)
+    assert (longer.seq_len, longer.stride, longer.tokens_per_sample) == (16, 16, 16)
+    assert longer.layout["inputs"][0] == (16,) and longer.layout["segment_ids"][0] == (16,)
+    assert len(longer) == (len(flat) - 17) // 16 + 1
+    assert longer.fingerprint() != windows.fingerprint()
+    np.testing.assert_array_equal(_read_all(longer, [3])["inputs"][0], flat[48:64])
+    strided = TokenWindows(ds, "tokens", 8, targets=False, stride=4).with_seq_len(12)
+    assert (strided.stride, strided.width, strided.targets) == (4, 12, False)

@@ -34,14 +34,12 @@ class Pick:
         num_read: leading rows of this process's block that hold data.
         source_ids: int32 (num_read,), the source of each of those rows.
         records: int64 (num_read,), the record (item) index within its source.
-        phase: the mixture phase of the step (its window length); 0 for a single source.
     """
 
     num_valid: int
     num_read: int
     source_ids: np.ndarray
     records: np.ndarray
-    phase: int = 0
 
 
 class BatchPlan(Protocol):
@@ -57,9 +55,7 @@ class BatchPlan(Protocol):
 
     def advise(self, pick: Pick) -> None: ...
 
-    def layout_at(self, step: int, extras: Extras) -> Layout: ...
-
-    def shape_steps(self, start: int) -> list[int]: ...
+    def layout(self, extras: Extras) -> Layout: ...
 
     def fingerprint_json(self) -> dict[str, Any]: ...
 
@@ -113,6 +109,62 @@ def _source_layout(source: Source, extras: Extras, where: str) -> Layout:
     return Layout.of({**spec, **extras})
 
 
+_BLOCK_ROWS = 8192  # rows whose order one vectorized pass computes (amortizes numpy calls)
+
+
+class _Blocks:
+    """Per-step order computed for a block of consecutive steps at once, then sliced.
+
+    ``compute(first, num_steps, rows)`` returns ``(steps covered, data)``; `get` returns
+    ``(first, data)`` of a block that covers the step. Blocks start small and double while
+    steps come in order (so the first batch after a start or a restore costs one step's
+    work) up to ``max_steps``; the two latest blocks are kept, so the read-ahead of later
+    steps does not evict the current one. Pure function of the step: a cache, not state.
+    Thread-safety: one thread (the pipeline's).
+    """
+
+    def __init__(self, compute: Any, max_steps: int) -> None:
+        self._compute, self._max = compute, max_steps
+        self._held: list[tuple[np.ndarray, int, int, Any]] = []  # (rows, first, stop, data)
+        self._span = 1
+
+    def get(self, step: int, rows: np.ndarray) -> tuple[int, Any]:
+        for held_rows, first, stop, data in self._held:
+            if first <= step < stop and _same_rows(held_rows, rows):
+                return first, data
+        last = self._held[-1] if self._held else None
+        in_order = last is not None and last[1] <= step <= last[2]
+        self._span = min(self._max, 2 * self._span) if in_order else 1
+        covered, data = self._compute(step, self._span, rows)
+        self._held = [*self._held[-1:], (rows, step, step + covered, data)]
+        return step, data
+
+
+def _same_rows(a: np.ndarray, b: np.ndarray) -> bool:
+    return a is b or (len(a) == len(b) and bool(np.array_equal(a, b)))
+
+
+def _readonly(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)
+    return array
+
+
+_ZEROS: dict[int, np.ndarray] = {}
+
+
+def _zeros_int32(num: int) -> np.ndarray:
+    """A read-only int32 zeros array of length `num` (shared: source ids of one source)."""
+    zeros = _ZEROS.get(num)
+    if zeros is None:
+        zeros = _ZEROS[num] = _readonly(np.zeros(num, np.int32))
+    return zeros
+
+
+def _is_prefix(rows: np.ndarray, num: int) -> bool:
+    """Whether the first `num` of the sorted unique `rows` are exactly 0..num-1."""
+    return num == 0 or int(rows[num - 1]) == num - 1
+
+
 class SinglePlan:
     """One source, ``num_epochs`` passes (None: forever), a keyed shuffle per epoch."""
 
@@ -133,6 +185,7 @@ class SinglePlan:
         self.seed, self.shuffle = keys
         self.num_items = len(source)
         self._names = tuple(source.layout)
+        self._blocks = _Blocks(self._records, max(1, _BLOCK_ROWS // max(1, batch_size)))
 
     def batch_size_at(self, step: int) -> int:
         return self.batch_size
@@ -154,13 +207,18 @@ class SinglePlan:
         if _end_or_valid(num_valid, self.batch_size, self.drop):
             return None
         num_read = int(np.searchsorted(rows, num_valid))
-        draws = start + rows[:num_read].astype(np.int64)
+        first, block = self._blocks.get(step, rows)
+        records = block[step - first, :num_read]
+        return Pick(num_valid, num_read, _zeros_int32(num_read), records)
+
+    def _records(self, first: int, num_steps: int, rows: np.ndarray) -> tuple[int, np.ndarray]:
+        """Records of `rows` at steps [first, first + num_steps): (num_steps, len(rows))."""
+        steps = np.arange(first, first + num_steps, dtype=np.int64)[:, None]
+        draws = (steps * self.batch_size + rows.astype(np.int64)[None, :]).ravel()
         records = order.records_for_draws(
             self.num_items, draws, seed=self.seed, source=0, shuffle=self.shuffle
         )
-        return Pick(
-            num_valid, num_read, np.zeros(num_read, np.int32), np.asarray(records, np.int64)
-        )
+        return num_steps, _readonly(np.asarray(records, np.int64).reshape(num_steps, len(rows)))
 
     def fill(self, pick: Pick, host: Mapping[str, np.ndarray]) -> None:
         self.source.read(pick.records, {name: host[name][: pick.num_read] for name in self._names})
@@ -169,12 +227,8 @@ class SinglePlan:
     def advise(self, pick: Pick) -> None:
         self.source.advise(pick.records)
 
-    def layout_at(self, step: int, extras: Extras) -> Layout:
+    def layout(self, extras: Extras) -> Layout:
         return _source_layout(self.source, extras, "loader")
-
-    def shape_steps(self, start: int) -> list[int]:
-        """The steps from `start` on where the batch shape may change: only `start`."""
-        return [start]
 
     def fingerprint_json(self) -> dict[str, Any]:
         return {
@@ -190,10 +244,8 @@ class SinglePlan:
 class MixturePlan:
     """Sources blended by a `roxxel.Mixture`: positions map through ``mixture.locate``.
 
-    Every source must have the same fields (names, per-row shapes, dtypes) in each phase.
-    A phase's ``seq_len`` changes the token windows its sources read (`Mixture.spaces`), so
-    the shapes may change at a phase boundary. Rows are read source by source into a
-    scratch block and scattered into the batch.
+    Every source must have the same fields (names, per-row shapes, dtypes). Rows are read
+    source by source into a scratch block and scattered into the batch.
     """
 
     def __init__(
@@ -206,17 +258,21 @@ class MixturePlan:
                 f"loader: batch_size for a Mixture ({batch_size}, expected None or the "
                 f"mixture's batch size at step 0, {first})"
             )
-        self._groups = _phase_sources(mixture, sources)
-        for group in self._groups:
-            layouts = [Layout.of(s.layout) for s in group]
-            if any(other != layouts[0] for other in layouts[1:]):
-                found = [dict(lay.spec()) for lay in layouts]
-                raise ConfigError(
-                    f"loader: mixture sources have different fields ({found}, expected one layout)"
-                )
-        self._names = [tuple(group[0].layout) for group in self._groups]
-        self._layouts: dict[tuple[Any, ...], Layout] = {}
-        self._scratch: dict[tuple[int, int], dict[str, np.ndarray]] = {}
+        overrides = [ph.seq_len for ph in getattr(mixture, "phases", ()) if ph.seq_len is not None]
+        if overrides:
+            raise ConfigError(
+                f"loader: phase seq_len overrides are not supported by the loader ({overrides}, "
+                "expected None: give each phase's sources their own TokenWindows instead)"
+            )
+        layouts = [Layout.of(s.layout) for s in sources]
+        if any(other != layouts[0] for other in layouts[1:]):
+            found = [dict(lay.spec()) for lay in layouts]
+            raise ConfigError(
+                f"loader: mixture sources have different fields ({found}, expected one layout)"
+            )
+        self._names = layouts[0].names
+        self._scratch: dict[int, dict[str, np.ndarray]] = {}
+        self._blocks = _Blocks(self._locate, _BLOCK_ROWS)
 
     def batch_size_at(self, step: int) -> int:
         origin = getattr(self.mixture, "origin_step", 0)
@@ -227,18 +283,6 @@ class MixturePlan:
         end = self.mixture.end_step
         return int(self.mixture.batch_size_at(step if end is None else min(step, end - 1)))
 
-    def _phase_at(self, step: int) -> int:
-        if len(self._groups) == 1:
-            return 0
-        end = self.mixture.end_step
-        return int(self.mixture.phase_at(step if end is None else min(step, end - 1)))
-
-    def shape_steps(self, start: int) -> list[int]:
-        """`start` and the later phase starts: the steps where the batch shape may change."""
-        end, starts = self.mixture.end_step, getattr(self.mixture, "schedule", None)
-        later = [s for s in getattr(starts, "step_starts", ()) if s > start]
-        return [start] + [s for s in later if end is None or s < end]
-
     def num_steps(self) -> int | None:
         return None
 
@@ -247,50 +291,57 @@ class MixturePlan:
         end = self.mixture.end_step
         if end is not None and step >= end:
             return None
-        start = int(self.mixture.position_at(step))
-        source_ids, records = self.mixture.locate(start, start + batch_size)
+        _, (block_start, block_ids, block_records) = self._blocks.get(step, rows)
+        offset = int(self.mixture.position_at(step)) - block_start
+        source_ids = block_ids[offset : offset + batch_size]
         num_valid = len(source_ids)
         if _end_or_valid(num_valid, batch_size, self.drop):
             return None
         num_read = int(np.searchsorted(rows, num_valid))
-        chosen = rows[:num_read]
-        return Pick(
-            num_valid,
-            num_read,
-            np.asarray(source_ids, np.int32)[chosen],
-            np.asarray(records, np.int64)[chosen],
-            self._phase_at(step),
-        )
+        records = block_records[offset : offset + num_valid]
+        if _is_prefix(rows, num_read):  # every leading row: views of the block, no copies
+            source_ids, records = source_ids[:num_read], records[:num_read]
+        else:
+            source_ids, records = source_ids[rows[:num_read]], records[rows[:num_read]]
+        return Pick(num_valid, num_read, source_ids, records)
+
+    def _locate(self, first: int, num_steps: int, rows: np.ndarray) -> tuple[int, Any]:
+        """`mixture.locate` over the positions of steps [first, first + num_steps), capped
+        at `_BLOCK_ROWS` positions and the mixture's end: ``(steps, (start, ids, records))``."""
+        end = self.mixture.end_step
+        cap = max(1, _BLOCK_ROWS // self.batch_size_at(first))
+        num_steps = max(1, min(num_steps, cap, num_steps if end is None else end - first))
+        start = int(self.mixture.position_at(first))
+        stop = int(self.mixture.position_at(first + num_steps))
+        source_ids, records = self.mixture.locate(start, stop)
+        ids = _readonly(np.asarray(source_ids, np.int32))
+        return num_steps, (start, ids, _readonly(np.asarray(records, np.int64)))
 
     def fill(self, pick: Pick, host: Mapping[str, np.ndarray]) -> None:
-        group, names = self._groups[pick.phase], self._names[pick.phase]
-        present = np.unique(pick.source_ids)
-        if len(present) == 1:
-            only = group[int(present[0])]
-            only.read(pick.records, {name: host[name][: pick.num_read] for name in names})
-        else:
-            scratch = self._scratch_for(pick.phase, pick.num_read)
-            for source_id in present.tolist():
-                where = np.flatnonzero(pick.source_ids == source_id)
-                part = {name: scratch[name][: len(where)] for name in names}
-                group[source_id].read(pick.records[where], part)
-                for name in names:
-                    host[name][where] = part[name]
-        _zero_tail(host, names, pick.num_read)
+        ids, num = pick.source_ids, pick.num_read
+        if num and int(ids.min()) == int(ids.max()):
+            only = self.sources[int(ids[0])]
+            only.read(pick.records, {name: host[name][:num] for name in self._names})
+        elif num:  # rows grouped by source (one sort), read per source, scattered once
+            by_source = np.argsort(ids, kind="stable")
+            records = pick.records[by_source]
+            scratch = self._scratch_for(num)
+            at = 0
+            for source_id, count in enumerate(np.bincount(ids).tolist()):
+                if count:
+                    part = {name: scratch[name][at : at + count] for name in self._names}
+                    self.sources[source_id].read(records[at : at + count], part)
+                    at += count
+            for name in self._names:
+                host[name][by_source] = scratch[name]
+        _zero_tail(host, self._names, num)
 
     def advise(self, pick: Pick) -> None:
-        group = self._groups[pick.phase]
         for source_id in np.unique(pick.source_ids).tolist():
-            group[source_id].advise(pick.records[pick.source_ids == source_id])
+            self.sources[source_id].advise(pick.records[pick.source_ids == source_id])
 
-    def layout_at(self, step: int, extras: Extras) -> Layout:
-        """The batch layout of `step`'s phase (its sources' window length), cached."""
-        key = (self._phase_at(step), *extras.items())
-        layout = self._layouts.get(key)
-        if layout is None:
-            group = self._groups[key[0]]
-            layout = self._layouts[key] = _source_layout(group[0], extras, "loader (mixture)")
-        return layout
+    def layout(self, extras: Extras) -> Layout:
+        return _source_layout(self.sources[0], extras, "loader (mixture)")
 
     def fingerprint_json(self) -> dict[str, Any]:
         return {
@@ -299,24 +350,12 @@ class MixturePlan:
             "sources": [s.fingerprint() for s in self.sources],
         }
 
-    def _scratch_for(self, phase: int, num_rows: int) -> dict[str, np.ndarray]:
-        scratch = self._scratch.get((phase, num_rows))
+    def _scratch_for(self, num_rows: int) -> dict[str, np.ndarray]:
+        scratch = self._scratch.get(num_rows)
         if scratch is None:
-            spec = self._groups[phase][0].layout
+            spec = self.sources[0].layout
             scratch = {
                 name: np.empty((num_rows, *shape), dtype) for name, (shape, dtype) in spec.items()
             }
-            self._scratch = {(phase, num_rows): scratch}
+            self._scratch = {num_rows: scratch}
         return scratch
-
-
-def _phase_sources(mixture: Any, sources: list[Source]) -> list[list[Source]]:
-    """Per phase, the source each source id reads: its own, or its view at the phase's
-    window length (`Mixture.spaces`); one group for a mixture without phases' spaces."""
-    if not hasattr(mixture, "spaces"):
-        return [sources]
-    own = {id(given): source for given, source in zip(mixture.sources, sources, strict=True)}
-    return [
-        [own.get(id(s.source)) or as_source(s.source) for s in mixture.spaces(p)]
-        for p in range(len(mixture.phases))
-    ]

@@ -182,17 +182,31 @@ def run_cli(args: list[str], python: str = sys.executable) -> None:
         raise RuntimeError(f"roxxel pack exit {proc.returncode}: {tail}")
 
 
+def run_in_process(args: list[str]) -> None:
+    """The same command through ``roxxel.cli.main`` in this process (roxxel already imported,
+    as the peers' libraries are when they are timed)."""
+    from roxxel.cli import main  # the project's venv only: peers' workers never call this
+
+    code = main(args)
+    if code != 0:
+        raise RuntimeError(f"roxxel pack exit {code} (see stderr)")
+
+
+IN_PROCESS = "roxxel pack --workers 1, in process (roxxel.cli.main, imports warm)"
+
+
 def roxxel_pack(p: dict, kind: str) -> list[ms.Metric]:
-    """roxxel pack with 1 and 2 workers (the pack fsyncs each shard before its rename)."""
-    spec = dg.SPECS[p.get("spec", "small")]
-    inputs = ensure_inputs(spec)
-    rows = []
+    """roxxel pack in process (workers 1), then as a command with 1 and 2 workers; the pack
+    fsyncs each shard before its rename, and fsync_tree finds nothing left to flush."""
+    inputs = ensure_inputs(dg.SPECS[p.get("spec", "small")])
+    in_process = lambda out: run_in_process(cli_args(inputs, kind, out, 1))  # noqa: E731
+    rows = [pack_metric(kind, IN_PROCESS, in_process, p, "roxxel")]
     for workers in (1, 2):
 
         def write(out: Path, w: int = workers) -> None:
             run_cli(cli_args(inputs, kind, out, w))
 
-        variant = f"roxxel pack --workers {workers} (CLI process, {UNITS} work units)"
+        variant = f"roxxel pack --workers {workers} (a new CLI process, {UNITS} work units)"
         rows.append(pack_metric(kind, variant, write, p, "roxxel"))
     return rows
 

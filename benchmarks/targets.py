@@ -22,7 +22,8 @@ Pick = tuple[str, str, str | None]  # system, workload, variant prefix (None: be
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Target:
-    """`num / den >= threshold` (kind "ratio") or `max / min <= threshold` over `spread`."""
+    """`num / den >= threshold` (kind "ratio") or `max / min <= threshold` over `spread`;
+    `den_best` makes the reference the best of several rows (the fastest peer)."""
 
     issue: int
     label: str
@@ -30,9 +31,12 @@ class Target:
     num: Pick | None = None
     den: Pick | None = None
     spread: tuple[Pick, ...] = ()
+    den_best: tuple[Pick, ...] = ()
 
 
 RX, MM = "roxxel", "megatron-memmap"
+PACK_PEERS = ("grain", "roxxel 0.9.14", "mosaicml-streaming")
+PACK_W1 = "roxxel pack --workers 1, in process"
 TARGETS: tuple[Target, ...] = (
     Target(
         2,
@@ -148,6 +152,34 @@ TARGETS: tuple[Target, ...] = (
         (RX, "train_tokens", "Loader(Mixture"),
         (RX, "train_tokens", "Loader(TokenWindows)"),
     ),
+    Target(
+        5,
+        "roxxel pack of the JSONL corpus, 1 worker, vs the fastest peer writer",
+        1.0,
+        (RX, "pack_lm", PACK_W1),
+        den_best=tuple((p, "pack_lm", None) for p in PACK_PEERS),
+    ),
+    Target(
+        5,
+        "roxxel pack of the .npy images, 1 worker, vs the fastest peer writer",
+        1.0,
+        (RX, "pack_images", PACK_W1),
+        den_best=tuple((p, "pack_images", None) for p in PACK_PEERS),
+    ),
+    Target(
+        5,
+        "roxxel pack of the JSONL corpus: --workers 2 vs --workers 1 (2 cores)",
+        1.8,
+        (RX, "pack_lm", "roxxel pack --workers 2"),
+        (RX, "pack_lm", "roxxel pack --workers 1 (a new"),
+    ),
+    Target(
+        5,
+        "roxxel pack of the .npy images: --workers 2 vs --workers 1 (2 cores)",
+        1.8,
+        (RX, "pack_images", "roxxel pack --workers 2"),
+        (RX, "pack_images", "roxxel pack --workers 1 (a new"),
+    ),
 )
 
 
@@ -164,6 +196,12 @@ def pick(rows: list[Row], sel: Pick) -> float | None:
     return best(r.value for r in got if r.value is not None)
 
 
+def best_of(rows: list[Row], sels: tuple[Pick, ...]) -> float | None:
+    """The highest value among the rows `sels` pick (None when none of them ran)."""
+    vals = [v for v in (pick(rows, s) for s in sels) if v is not None]
+    return max(vals) if vals else None
+
+
 def measure(rows: list[Row], target: Target) -> float | None:
     """The target's measured ratio (or spread), None when a row is missing."""
     if target.spread:
@@ -172,7 +210,7 @@ def measure(rows: list[Row], target: Target) -> float | None:
             return None
         return max(vals) / min(vals)  # type: ignore[type-var]
     num = pick(rows, target.num) if target.num else None
-    den = pick(rows, target.den) if target.den else None
+    den = pick(rows, target.den) if target.den else best_of(rows, target.den_best)
     return None if num is None or not den else num / den
 
 

@@ -15,12 +15,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import blend, datagen, measure, megatron, run, systems, table, targets, venvs
+import roxxel
+from benchmarks import (
+    blend,
+    datagen,
+    measure,
+    megatron,
+    pack,
+    run,
+    systems,
+    table,
+    targets,
+    venvs,
+)
 
 SMALL = datagen.DataSpec("unit", lm_tokens=50_000, num_images=40, seed=3)
 
 
-@pytest.mark.parametrize("module", [datagen, megatron, table, blend, targets])
+@pytest.mark.parametrize("module", [datagen, megatron, table, blend, targets, pack])
 def test_doctests_of_benchmark_modules_pass(module):
     assert doctest.testmod(module).failed == 0
 
@@ -290,3 +302,78 @@ def test_device_script_runs_on_cpu_and_writes_its_table(tmp_path):
     assert "| h2d | pageable, fresh array per call |" in table_md
     assert "| step | loader-fed speed / device-resident speed |" in table_md
     assert json.loads((tmp_path / "device.json").read_text())["header"]["device"].startswith("cpu")
+
+
+# ---- pack workloads (issue 5) --------------------------------------------------------------
+
+
+@pytest.fixture
+def pack_inputs(tmp_path, monkeypatch):
+    monkeypatch.setattr(datagen, "DATA_ROOT", tmp_path / "data")
+    return pack.ensure_inputs(SMALL)
+
+
+def test_pack_inputs_hold_the_corpus_prefix_and_the_images(pack_inputs):
+    docs = list(pack.iter_jsonl_tokens(pack_inputs.jsonl))
+    want = list(datagen.iter_documents(SMALL, max_tokens=pack.pack_tokens(SMALL)))
+    assert len(docs) == len(want) > 0
+    assert all(
+        np.array_equal(a, b) and a.dtype == np.int32 for a, b in zip(docs, want, strict=True)
+    )
+    assert pack_inputs.lm_payload_bytes == sum(d.nbytes for d in want)
+    img, _ = datagen.images(SMALL, 0, SMALL.num_images)
+    assert np.array_equal(np.load(pack_inputs.npy), img)
+    assert pack_inputs.image_payload_bytes == img.nbytes
+
+
+def test_pack_inputs_are_generated_once_per_spec(pack_inputs):
+    before = pack_inputs.jsonl.stat().st_mtime_ns
+    again = pack.ensure_inputs(SMALL)
+    assert again == pack_inputs and again.jsonl.stat().st_mtime_ns == before
+
+
+@pytest.mark.parametrize("kind", ["lm", "images"])
+def test_pack_cli_arguments_pack_every_record(pack_inputs, tmp_path, kind):
+    out = tmp_path / "ds"
+    pack.run_in_process(pack.cli_args(pack_inputs, kind, out, 1))
+    ds = roxxel.open_dataset(out)
+    if kind == "lm":
+        docs = list(pack.iter_jsonl_tokens(pack_inputs.jsonl))
+        assert len(ds) == len(docs) and np.array_equal(ds[len(ds) - 1]["tokens"], docs[-1])
+        assert ds.num_elements("tokens") * 4 == pack_inputs.lm_payload_bytes
+    else:
+        img = np.load(pack_inputs.npy)
+        assert len(ds) == len(img) and np.array_equal(ds[7]["image"], img[7])
+
+
+def test_pack_rate_times_write_and_fsync_and_cleans_up(tmp_path):
+    out = tmp_path / "out.bin"
+    rate = pack.rate_of(lambda o: o.write_bytes(b"x" * 1000), out, 1000, {"repeats": 2})
+    assert rate > 0 and not out.exists()
+
+
+def test_pack_workloads_run_for_the_writers_and_baselines_not_hf():
+    runs = {s.name for s in (systems.ROXXEL, systems.BASELINE, *systems.PEERS)
+            if "pack_lm" in s.workloads and "pack_images" in s.workloads}  # fmt: skip
+    assert runs == {"roxxel", "megatron-memmap", "grain", "roxxel 0.9.14", "mosaicml-streaming"}
+    for s in (systems.ROXXEL, systems.BASELINE, *systems.PEERS):
+        source = (Path(systems.WORKERS) / s.worker).read_text()
+        assert ('"pack_lm"' in source) == (s.name in runs)
+
+
+def test_pack_targets_compare_with_the_fastest_peer_and_the_speedup():
+    mb = "MB/s"
+    rows = [
+        table.Row("roxxel", "pack_lm", pack.IN_PROCESS, 30.0, mb),
+        table.Row("roxxel", "pack_lm", "roxxel pack --workers 1 (a new CLI process)", 20.0, mb),
+        table.Row("roxxel", "pack_lm", "roxxel pack --workers 2 (a new CLI process)", 38.0, mb),
+        table.Row("grain", "pack_lm", "ArrayRecordWriter", 25.0, mb),
+        table.Row("roxxel 0.9.14", "pack_lm", "Roxxel.write", 40.0, mb),
+        table.Row("mosaicml-streaming", "pack_lm", "", None, "", error="boom"),
+    ]
+    text = targets.render_targets(rows)
+    assert (
+        "JSONL corpus, 1 worker, vs the fastest peer writer | >= 1x | 0.75x | **missed** |" in text
+    )
+    assert "JSONL corpus: --workers 2 vs --workers 1 (2 cores) | >= 1.8x | 1.90x | met |" in text
+    assert ".npy images, 1 worker, vs the fastest peer writer | >= 1x | — | — |" in text

@@ -34,12 +34,14 @@ class Pick:
         num_read: leading rows of this process's block that hold data.
         source_ids: int32 (num_read,), the source of each of those rows.
         records: int64 (num_read,), the record (item) index within its source.
+        phase: the mixture phase of the step (its window length); 0 for a single source.
     """
 
     num_valid: int
     num_read: int
     source_ids: np.ndarray
     records: np.ndarray
+    phase: int = 0
 
 
 class BatchPlan(Protocol):
@@ -55,7 +57,9 @@ class BatchPlan(Protocol):
 
     def advise(self, pick: Pick) -> None: ...
 
-    def layout(self, extras: Extras) -> Layout: ...
+    def layout_at(self, step: int, extras: Extras) -> Layout: ...
+
+    def shape_steps(self, start: int) -> list[int]: ...
 
     def fingerprint_json(self) -> dict[str, Any]: ...
 
@@ -227,8 +231,12 @@ class SinglePlan:
     def advise(self, pick: Pick) -> None:
         self.source.advise(pick.records)
 
-    def layout(self, extras: Extras) -> Layout:
+    def layout_at(self, step: int, extras: Extras) -> Layout:
         return _source_layout(self.source, extras, "loader")
+
+    def shape_steps(self, start: int) -> list[int]:
+        """The steps from `start` on where the batch shape may change: only `start`."""
+        return [start]
 
     def fingerprint_json(self) -> dict[str, Any]:
         return {
@@ -244,8 +252,10 @@ class SinglePlan:
 class MixturePlan:
     """Sources blended by a `roxxel.Mixture`: positions map through ``mixture.locate``.
 
-    Every source must have the same fields (names, per-row shapes, dtypes). Rows are read
-    source by source into a scratch block and scattered into the batch.
+    Every source must have the same fields (names, per-row shapes, dtypes) in each phase.
+    A phase's ``seq_len`` changes the token windows its sources read (`Mixture.spaces`), so
+    the shapes may change at a phase boundary. Rows are read source by source into a
+    scratch block and scattered into the batch.
     """
 
     def __init__(
@@ -258,20 +268,17 @@ class MixturePlan:
                 f"loader: batch_size for a Mixture ({batch_size}, expected None or the "
                 f"mixture's batch size at step 0, {first})"
             )
-        overrides = [ph.seq_len for ph in getattr(mixture, "phases", ()) if ph.seq_len is not None]
-        if overrides:
-            raise ConfigError(
-                f"loader: phase seq_len overrides are not supported by the loader ({overrides}, "
-                "expected None: give each phase's sources their own TokenWindows instead)"
-            )
-        layouts = [Layout.of(s.layout) for s in sources]
-        if any(other != layouts[0] for other in layouts[1:]):
-            found = [dict(lay.spec()) for lay in layouts]
-            raise ConfigError(
-                f"loader: mixture sources have different fields ({found}, expected one layout)"
-            )
-        self._names = layouts[0].names
-        self._scratch: dict[int, dict[str, np.ndarray]] = {}
+        self._groups = _phase_sources(mixture, sources)
+        for group in self._groups:
+            layouts = [Layout.of(s.layout) for s in group]
+            if any(other != layouts[0] for other in layouts[1:]):
+                found = [dict(lay.spec()) for lay in layouts]
+                raise ConfigError(
+                    f"loader: mixture sources have different fields ({found}, expected one layout)"
+                )
+        self._names = [tuple(group[0].layout) for group in self._groups]
+        self._layouts: dict[tuple[Any, ...], Layout] = {}
+        self._scratch: dict[tuple[int, int], dict[str, np.ndarray]] = {}
         self._blocks = _Blocks(self._locate, _BLOCK_ROWS)
 
     def batch_size_at(self, step: int) -> int:
@@ -282,6 +289,18 @@ class MixturePlan:
             )
         end = self.mixture.end_step
         return int(self.mixture.batch_size_at(step if end is None else min(step, end - 1)))
+
+    def _phase_at(self, step: int) -> int:
+        if len(self._groups) == 1:
+            return 0
+        end = self.mixture.end_step
+        return int(self.mixture.phase_at(step if end is None else min(step, end - 1)))
+
+    def shape_steps(self, start: int) -> list[int]:
+        """`start` and the later phase starts: the steps where the batch shape may change."""
+        end, starts = self.mixture.end_step, getattr(self.mixture, "schedule", None)
+        later = [s for s in getattr(starts, "step_starts", ()) if s > start]
+        return [start] + [s for s in later if end is None or s < end]
 
     def num_steps(self) -> int | None:
         return None
@@ -303,7 +322,7 @@ class MixturePlan:
             source_ids, records = source_ids[:num_read], records[:num_read]
         else:
             source_ids, records = source_ids[rows[:num_read]], records[rows[:num_read]]
-        return Pick(num_valid, num_read, source_ids, records)
+        return Pick(num_valid, num_read, source_ids, records, self._phase_at(step))
 
     def _locate(self, first: int, num_steps: int, rows: np.ndarray) -> tuple[int, Any]:
         """`mixture.locate` over the positions of steps [first, first + num_steps), capped
@@ -318,30 +337,38 @@ class MixturePlan:
         return num_steps, (start, ids, _readonly(np.asarray(records, np.int64)))
 
     def fill(self, pick: Pick, host: Mapping[str, np.ndarray]) -> None:
+        group, names = self._groups[pick.phase], self._names[pick.phase]
         ids, num = pick.source_ids, pick.num_read
         if num and int(ids.min()) == int(ids.max()):
-            only = self.sources[int(ids[0])]
-            only.read(pick.records, {name: host[name][:num] for name in self._names})
+            only = group[int(ids[0])]
+            only.read(pick.records, {name: host[name][:num] for name in names})
         elif num:  # rows grouped by source (one sort), read per source, scattered once
             by_source = np.argsort(ids, kind="stable")
             records = pick.records[by_source]
-            scratch = self._scratch_for(num)
+            scratch = self._scratch_for(pick.phase, num)
             at = 0
             for source_id, count in enumerate(np.bincount(ids).tolist()):
                 if count:
-                    part = {name: scratch[name][at : at + count] for name in self._names}
-                    self.sources[source_id].read(records[at : at + count], part)
+                    part = {name: scratch[name][at : at + count] for name in names}
+                    group[source_id].read(records[at : at + count], part)
                     at += count
-            for name in self._names:
+            for name in names:
                 host[name][by_source] = scratch[name]
-        _zero_tail(host, self._names, num)
+        _zero_tail(host, names, num)
 
     def advise(self, pick: Pick) -> None:
+        group = self._groups[pick.phase]
         for source_id in np.unique(pick.source_ids).tolist():
-            self.sources[source_id].advise(pick.records[pick.source_ids == source_id])
+            group[source_id].advise(pick.records[pick.source_ids == source_id])
 
-    def layout(self, extras: Extras) -> Layout:
-        return _source_layout(self.sources[0], extras, "loader (mixture)")
+    def layout_at(self, step: int, extras: Extras) -> Layout:
+        """The batch layout of `step`'s phase (its sources' window length), cached."""
+        key = (self._phase_at(step), *extras.items())
+        layout = self._layouts.get(key)
+        if layout is None:
+            group = self._groups[key[0]]
+            layout = self._layouts[key] = _source_layout(group[0], extras, "loader (mixture)")
+        return layout
 
     def fingerprint_json(self) -> dict[str, Any]:
         return {
@@ -350,12 +377,24 @@ class MixturePlan:
             "sources": [s.fingerprint() for s in self.sources],
         }
 
-    def _scratch_for(self, num_rows: int) -> dict[str, np.ndarray]:
-        scratch = self._scratch.get(num_rows)
+    def _scratch_for(self, phase: int, num_rows: int) -> dict[str, np.ndarray]:
+        scratch = self._scratch.get((phase, num_rows))
         if scratch is None:
-            spec = self.sources[0].layout
+            spec = self._groups[phase][0].layout
             scratch = {
                 name: np.empty((num_rows, *shape), dtype) for name, (shape, dtype) in spec.items()
             }
-            self._scratch = {num_rows: scratch}
+            self._scratch = {(phase, num_rows): scratch}
         return scratch
+
+
+def _phase_sources(mixture: Any, sources: list[Source]) -> list[list[Source]]:
+    """Per phase, the source each source id reads: its own, or its view at the phase's
+    window length (`Mixture.spaces`); one group for a mixture without phases' spaces."""
+    if not hasattr(mixture, "spaces"):
+        return [sources]
+    own = {id(given): source for given, source in zip(mixture.sources, sources, strict=True)}
+    return [
+        [own.get(id(s.source)) or as_source(s.source) for s in mixture.spaces(p)]
+        for p in range(len(mixture.phases))
+    ]

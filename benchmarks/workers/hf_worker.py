@@ -12,6 +12,7 @@ import gc
 import shutil
 import sys
 import time
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -238,6 +239,49 @@ def _resume(p: dict, workload: str, num_sources: int) -> list[ms.Metric]:
     )
 
 
+ITER_STEPS = (0, 10, 100, 1000)  # measured; later steps follow from the per-step cost of skip(n)
+
+
+def _iterable_first_batch(path: Path, step: int) -> list:
+    """Streaming resume: to_iterable_dataset + shuffle buffer + repeat, then skip(n)."""
+    ds = load_from_disk(str(path)).to_iterable_dataset(num_shards=8)
+    ds = ds.shuffle(seed=0, buffer_size=1000).repeat(None).with_format("numpy")
+    return list(islice(iter(ds.skip(step * dg.TOKEN_BATCH)), dg.TOKEN_BATCH))
+
+
+def w_resume(p: dict) -> list[ms.Metric]:
+    """Map-style resume (O(1) in the step) and IterableDataset.skip(n), which reads and drops
+    every earlier example: measured at small steps, the rest extrapolated linearly."""
+    rows = _resume(p, "resume", 1)
+    path = ensure_data(_spec(p))["windows"]
+    label = lambda s: f"IterableDataset.skip: {dg.step_label(s)}"  # noqa: E731
+    notes = "to_iterable_dataset(8 shards).shuffle(buffer 1000).repeat(None).skip(step x 64)"
+    measured = ms.resume_series(
+        "resume",
+        lambda s: _iterable_first_batch(path, s),
+        ITER_STEPS,
+        label,
+        ms.slow_repeats(p),
+        notes,
+    )
+    t0, t_last = measured[0]["value"], measured[-1]["value"]
+    per_step = max(t_last - t0, 0.0) / ITER_STEPS[-1]
+    extra = [
+        ms.metric(
+            "resume",
+            label(s),
+            t0 + per_step * s,
+            "s",
+            higher_is_better=False,
+            notes=f"extrapolated: {per_step * 1e3:.2f} ms per step skipped, measured to step "
+            f"{ITER_STEPS[-1]}",
+        )
+        for s in dg.RESUME_STEPS
+        if s > ITER_STEPS[-1]
+    ]
+    return rows + measured + extra
+
+
 def w_startup(p: dict) -> list[ms.Metric]:
     spec = _spec(p)
     root = dg.data_dir(spec, SYSTEM) / "startup-1000"
@@ -277,7 +321,7 @@ WORKLOADS = {
     "read_batch_cold": lambda p: w_read_batch(p, cold=True),
     "train_tokens": w_train_tokens,
     "train_images": w_train_images,
-    "resume": lambda p: _resume(p, "resume", 1),
+    "resume": w_resume,
     "resume_mix": lambda p: _resume(p, "resume_mix", 4),
     "startup": w_startup,
 }

@@ -14,6 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
@@ -138,7 +139,7 @@ class Space:
     key: str
     size: int
     unit: int
-    source: object
+    source: Any
 
 
 def source_space(where: str, name: str, source: object, seq_len: int | None, views: dict) -> Space:

@@ -212,3 +212,31 @@ def test_invalid_toml_is_a_config_error_naming_the_file(tmp_path: Path) -> None:
     path.write_text("seed = = 3")
     with pytest.raises(ConfigError, match=r"bad\.toml: invalid TOML"):
         load_mixture(path, opener([]))
+
+
+def test_toml_phase_seq_len_re_cuts_token_windows_and_the_plan_counts_their_tokens(
+    tmp_path: Path,
+) -> None:
+    import roxxel
+    from roxxel.views import TokenWindows
+
+    with roxxel.DatasetWriter(tmp_path / "web", roxxel.Schema.parse({"tokens": "int32[]"})) as w:
+        for i in range(40):
+            w.write({"tokens": np.arange(25, dtype=np.int32) + i})
+    (tmp_path / "mix.toml").write_text(
+        'batch_size = 4\n[sources.web]\npath = "web"\nepochs = 1\n'
+        "[[phases]]\nend_step = 5\nweights = { web = 1 }\n"
+        "[[phases]]\nseq_len = 16\nweights = { web = 1 }\n"
+    )
+
+    def open_windows(name: str, spec: dict) -> TokenWindows:
+        return TokenWindows(roxxel.open_dataset(spec["path"]), "tokens", 8, targets=False)
+
+    m = load_mixture(tmp_path / "mix.toml", open_windows)
+    assert [m.spaces(p)[0].size for p in (0, 1)] == [125, 62]  # 1000 tokens
+    lines = plan_report(m).splitlines()
+    # 20 windows of 8, then (1000 - 160) // 16 = 52 windows of 16: one epoch of tokens
+    assert lines[lines.index("phase 0: steps [0, 5), batch 4") + 2].split()[2:4] == ["20", "160"]
+    phase1 = lines.index("phase 1: steps [5, 18), batch 4, seq_len 16")
+    assert lines[phase1 + 2].split()[2:5] == ["52", "832", f"{52 / 62:.3f}"]
+    assert lines[-1] == "total tokens: web 992"

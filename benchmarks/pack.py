@@ -37,7 +37,7 @@ from benchmarks import measure as ms
 INPUTS = "pack-inputs"
 LM_FIELD = "tokens"
 BASELINE = "megatron-memmap"
-UNITS = 8  # work units the roxxel CLI cuts the input into, so 1 and 2 workers both balance
+UNITS = 4  # work units the roxxel CLI cuts the input into, so 1 and 2 workers both balance
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

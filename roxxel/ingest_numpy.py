@@ -54,8 +54,9 @@ def read_npy(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterator[tuple
     array = _load_npy(piece.path)
     check_range(piece, len(array), "row")
     name = opts.field_for("data")
+    rows = array.view(np.ndarray)  # plain views of the mapping: np.memmap rows cost 3x more
     for i in range(piece.start, piece.stop):
-        yield {name: array[i]}, i
+        yield {name: rows[i]}, i
 
 
 def npz_pieces(path: str, unit_bytes: int) -> list[Piece]:

@@ -10,6 +10,7 @@ then projected onto the schema's fields (JSON int lists become arrays of the fie
 
 from __future__ import annotations
 
+import functools
 from array import array as typed_array
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -183,6 +184,11 @@ def _list_array(value: list[Any], field_: Field) -> Any:
     return array
 
 
+@functools.cache
+def _fixed_bytes(field_: Field) -> int:
+    return field_.unit_bytes
+
+
 def max_record_bytes(record: Record, fields: dict[str, Field]) -> int | None:
     """At least the bytes a projected record adds to a shard (a str counts 4 per character),
     or None when only the writer can tell (a list, a missing field)."""
@@ -194,7 +200,7 @@ def max_record_bytes(record: Record, fields: dict[str, Field]) -> int | None:
         elif field_.kind == "bytes" and isinstance(value, bytes):
             total += len(value)
         elif field_.kind == "array" and not field_.is_variable and value is not None:
-            total += field_.unit_bytes
+            total += _fixed_bytes(field_)
         elif field_.kind == "array" and isinstance(value, np.ndarray):
             total += value.size * field_.dtype.itemsize
         else:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from roxxel.dataset import open_dataset
@@ -18,7 +17,7 @@ from roxxel.mixture_toml import load_mixture
 from roxxel.plan import plan_report, plot_shares
 from roxxel.views import TokenWindows
 
-__all__ = ["PlanSource", "add_plan_parser", "open_plan_source"]
+__all__ = ["add_plan_parser", "open_plan_source"]
 
 SOURCE_KEYS = frozenset({"path", "field", "seq_len", "stride", "targets"})
 
@@ -56,25 +55,13 @@ def open_plan_source(name: str, spec: Mapping[str, Any]) -> Any:
         return dataset
     if "field" not in spec or "seq_len" not in spec:
         raise ConfigError(f"sources.{name}: field and seq_len go together (found one of them)")
-    windows = TokenWindows(
+    return TokenWindows(
         dataset,
         spec["field"],
         spec["seq_len"],
         targets=spec.get("targets", True),
         stride=spec.get("stride"),
     )
-    return PlanSource(len(windows), windows.seq_len)
-
-
-@dataclass(frozen=True, slots=True)
-class PlanSource:
-    """What a plan needs of a token-window source: its size and tokens per sample."""
-
-    num_samples: int
-    tokens_per_sample: int
-
-    def __len__(self) -> int:
-        return self.num_samples
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ import roxxel
 from roxxel.errors import ConfigError, StateError
 from roxxel.loader import Loader, LoaderConfig, host_rng
 from roxxel.pipeline import BufferPool, Layout, Prefetcher
+from roxxel.steps import plan_for
 from roxxel.views import TokenWindows
 
 if jax.device_count() < 8:
@@ -431,6 +432,28 @@ def test_a_changed_mixture_refuses_the_old_state(dataset, second):
         Loader(_mixture(dataset, second), 8, config=_config())
     with pytest.raises(ConfigError, match="shuffle"):
         Loader(_mixture(dataset, second), shuffle=False, config=_config())
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_picks_do_not_depend_on_the_order_steps_are_asked_in(dataset, second, mixed):
+    # the plan computes the order of blocks of steps at once: a cache, never state
+    config = _config(num_epochs=4)
+    source = _mixture(dataset, second) if mixed else dataset
+
+    def fresh(step, rows):
+        return plan_for(source, None if mixed else 5, config, seed=2, shuffle=True).pick(step, rows)
+
+    plan = plan_for(source, None if mixed else 5, config, seed=2, shuffle=True)
+    steps = [*range(12), 3, 0, 11, 7, 7, 2, 13, 12, 20, 1, *range(4, 9)]
+    for k, step in enumerate(steps):
+        size = plan.batch_size_at(step)
+        rows = np.arange(size, dtype=np.int64)[k % 2 :: 1 + k % 2]  # all rows, or every other
+        got, expected = plan.pick(step, rows), fresh(step, rows)
+        assert (got is None) == (expected is None), step
+        if got is not None:
+            assert (got.num_valid, got.num_read) == (expected.num_valid, expected.num_read)
+            np.testing.assert_array_equal(got.source_ids, expected.source_ids)
+            np.testing.assert_array_equal(got.records, expected.records)
 
 
 # --- pipeline pieces -----------------------------------------------------------------------

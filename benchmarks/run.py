@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def chosen_systems(args: argparse.Namespace) -> list[systems.System]:
-    picked = [systems.ROXXEL, systems.BASELINE]
+    picked = [systems.ROXXEL, systems.ROXXEL_FIT, systems.BASELINE]
     if args.peers and not args.quick:
         picked += list(systems.PEERS)
     if args.systems:

@@ -61,6 +61,8 @@ BASELINE = System(
 ROXXEL = System(
     "roxxel", "roxxel_worker.py", (*ALL_WORKLOADS, *PACK, *COLD_TRAIN, *TRAIN_ONLY, *FORMAT_ONLY)
 )
+# roxxel alone: roxxel.train.fit with and without Orbax checkpoints (issue 6).
+ROXXEL_FIT = System("roxxel", "train_worker.py", ("train_checkpoint",))
 PEERS = (
     System("grain", "grain_worker.py", (*ALL_WORKLOADS, *PACK), venv="grain"),
     System("roxxel 0.9.14", "roxxel09_worker.py", (*ALL_WORKLOADS, *PACK), venv="roxxel09"),

@@ -27,6 +27,7 @@ WORKLOADS: dict[str, str] = {
     "train_images_cold": "Shuffled image batches, cold cache: the first batches after eviction",
     "train_step": "A jitted train step ~10x the loader's batch time: fed by the Loader vs a prebuilt array",
     "train_memory": "Resident memory over one epoch of image batches (jax.Array out)",
+    "train_checkpoint": "roxxel.train.fit steady state: Orbax checkpoints every 50 steps vs none",
     "resume": "Time to first batch when resuming at step N (token windows 64 x 2048)",
     "resume_mix": "Time to first batch when resuming a 4-source mixture at step N",
     "startup": "Startup: open a 1,000-shard dataset and read one record",

@@ -180,6 +180,13 @@ TARGETS: tuple[Target, ...] = (
         (RX, "pack_images", "roxxel pack --workers 2"),
         (RX, "pack_images", "roxxel pack --workers 1 (a new"),
     ),
+    Target(
+        6,
+        "fit with an Orbax checkpoint every 50 steps vs none: steady-state steps/s, same run",
+        0.95,
+        (RX, "train_checkpoint", "fit, Orbax checkpoint every"),
+        (RX, "train_checkpoint", "fit, no checkpoint"),
+    ),
 )
 
 

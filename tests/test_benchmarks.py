@@ -23,6 +23,7 @@ from benchmarks import (
     megatron,
     pack,
     run,
+    steptime,
     systems,
     table,
     targets,
@@ -238,9 +239,10 @@ def test_readme_block_is_replaced_by_the_latest_tables(tmp_path, monkeypatch):
 
 def test_quick_mode_runs_roxxel_and_baselines_only():
     args = run.parse_args(["--quick", "--peers"])
-    assert [s.name for s in run.chosen_systems(args)] == ["roxxel", "megatron-memmap"]
+    # roxxel runs two workers: roxxel_worker.py, and train_worker.py for the fit workload
+    assert [s.name for s in run.chosen_systems(args)] == ["roxxel", "roxxel", "megatron-memmap"]
     args = run.parse_args(["--peers", "--small", "--systems", "grain,roxxel"])
-    assert [s.name for s in run.chosen_systems(args)] == ["roxxel", "grain"]
+    assert [s.name for s in run.chosen_systems(args)] == ["roxxel", "roxxel", "grain"]
     assert args.spec == "small"
 
 
@@ -377,3 +379,45 @@ def test_pack_targets_compare_with_the_fastest_peer_and_the_speedup():
     )
     assert "JSONL corpus: --workers 2 vs --workers 1 (2 cores) | >= 1.8x | 1.90x | met |" in text
     assert ".npy images, 1 worker, vs the fastest peer writer | >= 1x | — | — |" in text
+
+
+def test_steptime_doctests_pass():
+    assert doctest.testmod(steptime).failed == 0
+
+
+def test_window_rate_counts_the_saves_inside_the_window():
+    times = [0.0, 5.0] + [5.0 + 0.1 * k + (0.5 if k >= 3 else 0.0) for k in range(1, 7)]
+    assert steptime.window_rate(times, 1, 6) == pytest.approx(6 / 1.1)
+
+
+def test_window_rate_rejects_a_window_past_the_timestamps():
+    with pytest.raises(ValueError, match="does not fit"):
+        steptime.window_rate([0.0, 1.0, 2.0], 1, 2)
+
+
+def test_cost_per_save_is_zero_when_rates_are_equal_and_rejects_no_saves():
+    assert steptime.cost_per_save(10.0, 10.0, 100, 2) == 0.0
+    with pytest.raises(ValueError, match="saves"):
+        steptime.cost_per_save(10.0, 9.0, 100, 0)
+
+
+def test_paired_ratio_takes_the_median_of_round_ratios_and_rejects_unpaired():
+    assert steptime.paired_ratio([1.0, 2.0, 30.0], [1.0, 1.0, 1.0]) == 2.0
+    with pytest.raises(ValueError, match="pairs"):
+        steptime.paired_ratio([1.0], [1.0, 2.0])
+
+
+def test_train_checkpoint_is_a_roxxel_workload_with_an_issue_6_target():
+    assert "train_checkpoint" in systems.ROXXEL_FIT.workloads
+    assert systems.ROXXEL_FIT.name == "roxxel" and systems.ROXXEL_FIT.venv is None
+    assert (systems.WORKERS / systems.ROXXEL_FIT.worker).exists()
+    rows = [
+        table.Row("roxxel", "train_checkpoint", "fit, no checkpoint (step time)", 10.0, "steps/s"),
+        table.Row(
+            "roxxel", "train_checkpoint", "fit, Orbax checkpoint every 50 steps", 9.6, "steps/s"
+        ),
+    ]
+    assert "| 6 | fit with an Orbax checkpoint every 50 steps vs none" in (
+        targets.render_targets(rows)
+    )
+    assert "| >= 0.95x | 0.96x | met |" in targets.render_targets(rows)

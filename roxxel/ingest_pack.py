@@ -14,9 +14,11 @@ import importlib
 import importlib.util
 import multiprocessing
 import os
+import queue
 import sys
+import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -278,16 +280,9 @@ def pack_unit(config: PackConfig, unit: WorkUnit) -> UnitResult:
     except BaseException:
         writer.abort()
         raise
+    keys = ("num_records", "num_bytes", "checksum")
     doc = {
-        "shards": [
-            {
-                "name": s.path.name,
-                "num_records": s.num_records,
-                "num_bytes": s.num_bytes,
-                "checksum": s.checksum,
-            }
-            for s in shards
-        ],
+        "shards": [{"name": s.path.name, **{k: getattr(s, k) for k in keys}} for s in shards],
         "num_dropped": dropped[0],
         "bad": {"count": bad.count, "first": bad.first},
     }
@@ -319,7 +314,8 @@ def shuffle_units(units: list[WorkUnit], seed: int | None) -> list[WorkUnit]:
 
 
 def run_units(config: PackConfig, units: list[WorkUnit], workers: int) -> Iterator[UnitResult]:
-    """Pack units, in this process (workers <= 1) or in worker processes; results as they end.
+    """Pack units, in this process (workers <= 1) or also in N - 1 worker processes; results
+    as they end. This process packs units too, so it works while the workers start.
 
     A worker that dies (killed, out of memory) raises RoxxelError; finished units are kept.
     """
@@ -327,18 +323,74 @@ def run_units(config: PackConfig, units: list[WorkUnit], workers: int) -> Iterat
         for unit in units:
             yield pack_unit(config, unit)
         return
+    todo = _Todo(units)
+    done: queue.Queue[UnitResult | BaseException | None] = queue.Queue(3 * len(units))
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__])  # workers fork with numpy and roxxel imported
-    with ProcessPoolExecutor(min(workers, len(units)), mp_context=ctx) as pool:
-        futures = [pool.submit(pack_unit, config, unit) for unit in units]
+    # workers fork with the main module (which each would import again) and the packer loaded
+    ctx.set_forkserver_preload(["__main__", __name__])
+    num_procs = min(workers, len(units)) - 1
+    with ProcessPoolExecutor(num_procs, mp_context=ctx) as pool:
+        args = (pool, config, todo, done)
+        feeders = [threading.Thread(target=_feed, args=args) for _ in range(num_procs)]
+        for thread in feeders:
+            thread.start()
         try:
-            for future in as_completed(futures):
-                yield future.result()
-        except BrokenProcessPool as e:
+            while (unit := todo.take()) is not None:
+                yield pack_unit(config, unit)
+                yield from _drain(done, todo, block=False)
+            while todo.num_ended < num_procs:
+                yield from _drain(done, todo, block=True)
+        finally:
+            todo.stop()
+    for thread in feeders:
+        thread.join()
+
+
+class _Todo:
+    """The units left, taken one at a time by this process and the feeder threads."""
+
+    def __init__(self, units: list[WorkUnit]):
+        self.units, self.next, self.num_ended = units, 0, 0
+        self.lock = threading.Lock()
+
+    def take(self) -> WorkUnit | None:
+        with self.lock:
+            self.next += 1
+            return self.units[self.next - 1] if self.next <= len(self.units) else None
+
+    def stop(self) -> None:
+        with self.lock:
+            self.next = len(self.units)
+
+
+def _feed(pool: ProcessPoolExecutor, config: PackConfig, todo: _Todo, done: queue.Queue) -> None:
+    """Keep one worker process busy with units until none are left; results go to ``done``."""
+    try:
+        while (unit := todo.take()) is not None:
+            done.put(pool.submit(pack_unit, config, unit).result())
+    except BaseException as e:  # re-raised by the consumer, in the caller's thread
+        todo.stop()
+        done.put(e)
+    finally:
+        done.put(None)
+
+
+def _drain(done: queue.Queue, todo: _Todo, block: bool) -> Iterator[UnitResult]:
+    """Results posted so far (with ``block``, wait for one item first); None ends a feeder."""
+    while True:
+        try:
+            item = done.get(block=block)
+        except queue.Empty:
+            return
+        block = False
+        if item is None:
+            todo.num_ended += 1
+        elif isinstance(item, BrokenProcessPool):
             raise RoxxelError(
-                f"pack: a worker process died ({e}); finished work units are kept (expected "
+                f"pack: a worker process died ({item}); finished work units are kept (expected "
                 f"none to die: rerun the same command to resume)"
             ) from None
-        finally:
-            for future in futures:
-                future.cancel()
+        elif isinstance(item, BaseException):
+            raise item
+        else:
+            yield item

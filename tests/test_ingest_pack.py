@@ -80,3 +80,30 @@ def test_max_record_bytes_bounds_what_the_writer_stores():
     assert max_record_bytes(record, fields) == 20 + 8 + 6 + 8
     assert max_record_bytes({**record, "t": [1, 2]}, fields) is None
     assert max_record_bytes({"t": record["t"]}, fields) is None
+
+
+def test_workers_share_units_with_this_process_and_give_the_same_bytes(tmp_path):
+    src = _corpus(tmp_path / "in.jsonl", n=400)
+    assert _pack(src, tmp_path / "one", "--unit-bytes", "4K", "--workers", 1) == 0
+    assert _pack(src, tmp_path / "three", "--unit-bytes", "4K", "--workers", 3) == 0
+    assert _files(tmp_path / "one") == _files(tmp_path / "three") != {}
+    manifest = "manifest.json"
+    assert (tmp_path / "one" / manifest).read_bytes() == (
+        tmp_path / "three" / manifest
+    ).read_bytes()
+
+
+def test_a_dead_worker_process_stops_the_pack_with_a_message(tmp_path, capsys):
+    src = _corpus(tmp_path / "in.jsonl", n=400)
+    killer = tmp_path / "killer.py"
+    killer.write_text(
+        "import multiprocessing, os\n"
+        "def fn(record):\n"
+        "    if multiprocessing.parent_process() is not None:\n"
+        "        os._exit(3)\n"
+        "    return record\n"
+    )
+    out = tmp_path / "ds"
+    code = _pack(src, out, "--unit-bytes", "4K", "--workers", 2, "--map", f"{killer}:fn")
+    assert code == 1 and "a worker process died" in capsys.readouterr().err
+    assert not (out / "manifest.json").exists()

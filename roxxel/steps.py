@@ -18,7 +18,8 @@ import numpy as np
 from roxxel import order
 from roxxel.errors import ConfigError
 from roxxel.pipeline import Layout
-from roxxel.views import Source, as_source
+from roxxel.views import Source, as_source, takes_rows
+from roxxel.windows import blend_of
 
 __all__ = ["BatchPlan", "Pick", "plan_for"]
 
@@ -180,12 +181,8 @@ class SinglePlan:
         drop: bool,
         keys: tuple[int, bool],
     ) -> None:
-        self.source, self.batch_size, self.num_epochs, self.drop = (
-            source,
-            batch_size,
-            num_epochs,
-            drop,
-        )
+        self.source, self.batch_size = source, batch_size
+        self.num_epochs, self.drop = num_epochs, drop
         self.seed, self.shuffle = keys
         self.num_items = len(source)
         self._names = tuple(source.layout)
@@ -254,8 +251,8 @@ class MixturePlan:
 
     Every source must have the same fields (names, per-row shapes, dtypes) in each phase.
     A phase's ``seq_len`` changes the token windows its sources read (`Mixture.spaces`), so
-    the shapes may change at a phase boundary. Rows are read source by source into a
-    scratch block and scattered into the batch.
+    the shapes may change at a phase boundary. Token windows are read in one pass over the
+    rows (`windows.WindowBlend`); other sources each write their own rows of the batch.
     """
 
     def __init__(
@@ -278,7 +275,8 @@ class MixturePlan:
                 )
         self._names = [tuple(group[0].layout) for group in self._groups]
         self._layouts: dict[tuple[Any, ...], Layout] = {}
-        self._scratch: dict[tuple[int, int], dict[str, np.ndarray]] = {}
+        self._direct = [[takes_rows(s) for s in group] for group in self._groups]
+        self._blends = [blend_of(group) for group in self._groups]
         self._blocks = _Blocks(self._locate, _BLOCK_ROWS)
 
     def batch_size_at(self, step: int) -> int:
@@ -338,22 +336,22 @@ class MixturePlan:
 
     def fill(self, pick: Pick, host: Mapping[str, np.ndarray]) -> None:
         group, names = self._groups[pick.phase], self._names[pick.phase]
-        ids, num = pick.source_ids, pick.num_read
-        if num and int(ids.min()) == int(ids.max()):
+        ids, num, blend = pick.source_ids, pick.num_read, self._blends[pick.phase]
+        if num and blend is not None:  # token windows: every row in one pass
+            blend.read(ids, pick.records, {name: host[name][:num] for name in names})
+        elif num and int(ids.min()) == int(ids.max()):
             only = group[int(ids[0])]
             only.read(pick.records, {name: host[name][:num] for name in names})
-        elif num:  # rows grouped by source (one sort), read per source, scattered once
+        elif num:  # rows grouped by source (one sort); each source writes its own rows
             by_source = np.argsort(ids, kind="stable")
-            records = pick.records[by_source]
-            scratch = self._scratch_for(pick.phase, num)
-            at = 0
+            records, out = pick.records[by_source], {name: host[name] for name in names}
+            at, direct = 0, self._direct[pick.phase]
             for source_id, count in enumerate(np.bincount(ids).tolist()):
                 if count:
-                    part = {name: scratch[name][at : at + count] for name in names}
-                    group[source_id].read(records[at : at + count], part)
+                    rows = by_source[at : at + count]
+                    source, take = group[source_id], direct[source_id]
+                    _read_rows(source, records[at : at + count], out, rows, take)
                     at += count
-            for name in names:
-                host[name][by_source] = scratch[name]
         _zero_tail(host, names, num)
 
     def advise(self, pick: Pick) -> None:
@@ -377,15 +375,16 @@ class MixturePlan:
             "sources": [s.fingerprint() for s in self.sources],
         }
 
-    def _scratch_for(self, phase: int, num_rows: int) -> dict[str, np.ndarray]:
-        scratch = self._scratch.get((phase, num_rows))
-        if scratch is None:
-            spec = self._groups[phase][0].layout
-            scratch = {
-                name: np.empty((num_rows, *shape), dtype) for name, (shape, dtype) in spec.items()
-            }
-            self._scratch = {(phase, num_rows): scratch}
-        return scratch
+
+def _read_rows(source: Any, items: np.ndarray, out: dict, rows: np.ndarray, direct: bool) -> None:
+    """Item ``items[i]`` of `source` into row ``rows[i]`` of `out`, through a block unless
+    the source takes ``rows=`` (`views.takes_rows`)."""
+    if direct:
+        return source.read(items, out, rows=rows)
+    block = {name: np.empty((len(rows), *a.shape[1:]), a.dtype) for name, a in out.items()}
+    source.read(items, block)
+    for name, array in out.items():
+        array[rows] = block[name]
 
 
 def _phase_sources(mixture: Any, sources: list[Source]) -> list[list[Source]]:

@@ -4,26 +4,25 @@ A source is anything with ``len()`` (number of items), ``layout`` (per-row shape
 of each output field), ``read(indices, out)`` (fill preallocated arrays, rows first),
 ``advise(indices)`` (ask the kernel to read ahead the pages those items live on) and
 ``fingerprint()`` (a hex string naming the content and the parameters, for resume checks).
-`Records` and `TokenWindows` are the two built in; `as_source` turns a `Dataset` into
-`Records`. Sources never import jax and hold no per-batch state, so one pipeline thread can
-read them while another thread builds the order.
+A source may also take ``read(indices, out, rows=rows)``: item ``indices[i]`` goes to row
+``rows[i]`` of ``out`` (a mixture batch then needs no scratch block and no scatter).
+`Records` and `TokenWindows` (`roxxel.windows`, re-exported here) are the two built in;
+`as_source` turns a `Dataset` into `Records`. Sources never import jax and hold no
+per-batch state, so one pipeline thread can read them while another builds the order.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from roxxel.errors import ConfigError
+from roxxel.windows import LayoutSpec, TokenWindows, check_rows, fingerprint_of, merge_ranges
 
-__all__ = ["Records", "Source", "TokenWindows", "as_source", "fingerprint_of"]
-
-Shape = tuple[int, ...]
-LayoutSpec = dict[str, tuple[Shape, np.dtype]]
+__all__ = ["Records", "Source", "TokenWindows", "as_source", "fingerprint_of", "takes_rows"]
 
 
 @runtime_checkable
@@ -40,16 +39,6 @@ class Source(Protocol):
     def advise(self, indices: np.ndarray) -> None: ...
 
     def fingerprint(self) -> str: ...
-
-
-def fingerprint_of(value: Any) -> str:
-    """A short stable hex digest of a JSON-able value.
-
-    >>> fingerprint_of({"a": 1}) == fingerprint_of({"a": 1})
-    True
-    """
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def as_source(
@@ -101,8 +90,22 @@ class Records:
     def __len__(self) -> int:
         return int(self.dataset.num_records)
 
-    def read(self, indices: np.ndarray, out: Mapping[str, np.ndarray]) -> None:
-        """Fill ``out[name][:len(indices)]`` with the records at `indices` (global indices)."""
+    def read(
+        self, indices: np.ndarray, out: Mapping[str, np.ndarray], rows: np.ndarray | None = None
+    ) -> None:
+        """Fill ``out[name][:len(indices)]`` with the records at `indices` (global indices),
+        or rows ``rows`` of ``out`` (one per index) when given: those go through one
+        scratch block, since the dataset reads whole leading rows."""
+        if rows is not None:
+            check_rows(indices, rows, "views.Records")
+            scratch = {
+                name: np.empty((len(indices), *array.shape[1:]), array.dtype)
+                for name, array in out.items()
+            }
+            self.read(indices, scratch)
+            for name, array in out.items():
+                array[rows] = scratch[name]
+            return
         names = [f.name for f in self.fields]
         filled = self.dataset.get_batch(indices, names, out=dict(out))
         for name, array in out.items():
@@ -121,7 +124,7 @@ class Records:
         shard_ids, local = self.dataset.locate(np.asarray(indices, dtype=np.int64))
         for field in fixed:
             unit = field.unit_bytes
-            for shard, lo, hi in _merge_ranges(shard_ids, local * unit, (local + 1) * unit):
+            for shard, lo, hi in merge_ranges(shard_ids, local * unit, (local + 1) * unit):
                 self.dataset.shard(shard).advise(field.name, lo, hi)
 
     def fingerprint(self) -> str:
@@ -129,6 +132,19 @@ class Records:
         return fingerprint_of(
             {"kind": "records", "dataset": self.dataset.fingerprint, "layout": layout}
         )
+
+
+def takes_rows(source: Any) -> bool:
+    """Whether ``source.read`` accepts ``rows=`` (the built-in sources do).
+
+    >>> takes_rows(Records.__new__(Records)), takes_rows(object())
+    (True, False)
+    """
+    read = getattr(source, "read", None)
+    try:
+        return read is not None and "rows" in inspect.signature(read).parameters
+    except (TypeError, ValueError):  # a builtin or C callable without a signature
+        return False
 
 
 def _record_layout(fields: Sequence[Any], max_len: Mapping[str, int]) -> LayoutSpec:
@@ -148,251 +164,5 @@ def _record_layout(fields: Sequence[Any], max_len: Mapping[str, int]) -> LayoutS
     return layout
 
 
-def _merge_ranges(
-    shards: np.ndarray, starts: np.ndarray, stops: np.ndarray, gap: int = 4096
-) -> list[tuple[int, int, int]]:
-    """Byte ranges per shard, sorted, with ranges less than `gap` apart merged into one.
-
-    >>> _merge_ranges(np.array([0, 0, 1, 0]), np.array([900, 0, 0, 9000]), np.array([1000, 100, 8, 9001]))
-    [(0, 0, 1000), (0, 9000, 9001), (1, 0, 8)]
-    """
-    if not len(starts):
-        return []
-    order = np.lexsort((starts, shards))
-    shards, starts, stops = shards[order], starts[order], stops[order]
-    # the furthest byte reached so far within each shard (shards kept apart by a huge offset)
-    lift = shards.astype(np.int64) << 44
-    reach = np.maximum.accumulate(stops + lift) - lift
-    new_run = np.ones(len(starts), dtype=bool)
-    new_run[1:] = (shards[1:] != shards[:-1]) | (starts[1:] - reach[:-1] >= gap)
-    first = np.flatnonzero(new_run)
-    last = np.append(first[1:], len(starts)) - 1
-    runs = zip(shards[first].tolist(), starts[first].tolist(), reach[last].tolist(), strict=True)
-    return list(runs)
-
-
 def _layout_json(layout: LayoutSpec) -> list[list[Any]]:
     return [[name, list(shape), dtype.str] for name, (shape, dtype) in layout.items()]
-
-
-class TokenWindows:
-    """Fixed-length windows over the concatenation of a 1-D field across every shard.
-
-    Window i covers elements ``[i * stride, i * stride + width)`` of the stream made by
-    concatenating the field of every record in dataset order, where ``width`` is
-    ``seq_len + 1`` with ``targets=True`` (inputs are ``w[:, :-1]``, targets ``w[:, 1:]``;
-    consecutive windows share one token) and ``seq_len`` otherwise. ``stride`` defaults to
-    ``seq_len``. With ``split_targets=True`` (needs ``targets``) a window comes out as two
-    fields of ``seq_len``, ``"inputs"`` = ``w[:-1]`` and ``"targets"`` = ``w[1:]``, which
-    split evenly when the sequence dimension is sharded; otherwise it is one field named like
-    the dataset field. A window may cross record and shard boundaries; it is located in
-    O(log S) through ``dataset.element_starts`` (S shards) and copied with one slice per
-    shard it touches. The incomplete tail of the stream is not a window.
-
-    With ``document_structure=True`` each window also has ``"segment_ids"`` (int32, 1 for the
-    document the window, or its inputs when split, starts in, +1 at each document start
-    inside it; 0 never occurs, so it can mean padding downstream) and ``"positions"`` (int32,
-    0 at the window start and at each document start, +1 per token), the Megatron
-    ``reset_position_ids`` convention. Empty documents leave no trace.
-
-    Raises:
-        ConfigError: the field is not a 1-D variable-length numeric field, or seq_len/stride
-            are not positive.
-    """
-
-    def __init__(
-        self,
-        dataset: Any,
-        field: str,
-        seq_len: int,
-        *,
-        targets: bool = True,
-        document_structure: bool = False,
-        stride: int | None = None,
-        split_targets: bool = False,
-    ) -> None:
-        self.dataset, self.field = dataset, field
-        self.seq_len, self.targets, self.document_structure = seq_len, targets, document_structure
-        self.stride = seq_len if stride is None else stride
-        self._options: dict[str, Any] = {"targets": targets, "stride": stride}
-        self._options |= {"document_structure": document_structure, "split_targets": split_targets}
-        self.width = seq_len + 1 if targets else seq_len
-        self.split_targets = split_targets
-        if split_targets and not targets:
-            raise ConfigError(
-                "views.TokenWindows: split_targets without targets (expected targets=True)"
-            )
-        self._doc_width = seq_len if split_targets else self.width
-        self._dtype = _check_token_field(dataset, field, seq_len, self.stride)
-        self._starts = np.asarray(dataset.element_starts(field), dtype=np.int64)
-        self._flats: list[np.ndarray | None] = [None] * (len(self._starts) - 1)
-        self._offsets: list[np.ndarray | None] = [None] * (len(self._starts) - 1)
-        total = int(self._starts[-1])
-        self._num_windows = 0 if total < self.width else (total - self.width) // self.stride + 1
-
-    @property
-    def layout(self) -> LayoutSpec:
-        names = ("inputs", "targets") if self.split_targets else (self.field,)
-        width = self.seq_len if self.split_targets else self.width
-        layout: LayoutSpec = {name: ((width,), self._dtype) for name in names}
-        for name in ("segment_ids", "positions") if self.document_structure else ():
-            layout[name] = ((self._doc_width,), np.dtype(np.int32))
-        return layout
-
-    @property
-    def tokens_per_sample(self) -> int:
-        """Tokens one window feeds to training: ``seq_len``."""
-        return self.seq_len
-
-    def with_seq_len(self, seq_len: int) -> TokenWindows:
-        """The same windows cut at another ``seq_len`` (``self`` when it is the same).
-
-        Every option is kept; a stride left to its default follows the new length. A
-        `roxxel.Mixture` calls this for a phase's ``seq_len``.
-        """
-        if seq_len == self.seq_len:
-            return self
-        return TokenWindows(self.dataset, self.field, seq_len, **self._options)
-
-    def __len__(self) -> int:
-        return self._num_windows
-
-    @property
-    def num_elements(self) -> int:
-        return int(self._starts[-1])
-
-    def fingerprint(self) -> str:
-        keys = ("field", "width", "stride", "document_structure", "split_targets")
-        found = {key: getattr(self, key) for key in keys}
-        return fingerprint_of(
-            {"kind": "token_windows", "dataset": self.dataset.fingerprint, **found}
-        )
-
-    def read(self, indices: np.ndarray, out: Mapping[str, np.ndarray]) -> None:
-        """Fill the first ``len(indices)`` rows of every `layout` field of ``out``.
-
-        Raises:
-            IndexError: an index outside ``[0, len(self))``.
-        """
-        starts = self._window_starts(indices)
-        if self.split_targets:
-            self._copy_rows(starts, out["inputs"], 0)
-            self._copy_rows(starts, out["targets"], 1)
-        else:
-            self._copy_rows(starts, out[self.field], 0)
-        if self.document_structure:
-            self._document_fields(starts, out["segment_ids"], out["positions"])
-
-    def advise(self, indices: np.ndarray) -> None:
-        """Ask the kernel to read ahead the pages of these windows (advisory, never raises)."""
-        itemsize = self._dtype.itemsize
-        starts = self._window_starts(indices)
-        shards, local, inside = self._locate(starts, self.width)
-        if not inside.all():  # rare: split the windows that cross a shard into pieces
-            pieces = [
-                p for start in starts[~inside].tolist() for p in self._pieces(start, self.width)
-            ]
-            extra = np.array(pieces, dtype=np.int64).reshape(-1, 3)
-            shards = np.concatenate([shards[inside], extra[:, 0]])
-            local = np.concatenate([local[inside], extra[:, 1]])
-            stops = np.concatenate([local[: inside.sum()] + self.width, extra[:, 2]])
-        else:
-            stops = local + self.width
-        for shard, lo, hi in _merge_ranges(shards, local * itemsize, stops * itemsize):
-            self.dataset.shard(shard).advise(self.field, lo, hi)
-
-    def _locate(self, starts: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per window: its first shard, its start in that shard, whether it ends there."""
-        shards = np.searchsorted(self._starts, starts, side="right") - 1
-        local = starts - self._starts[shards]
-        return shards, local, starts + width <= self._starts[shards + 1]
-
-    def _copy_rows(self, starts: np.ndarray, dst: np.ndarray, shift: int) -> None:
-        """dst[row] = stream[starts[row] + shift :][: dst.shape[1]]: one slice per window
-        inside a shard, the general path for the few that cross one."""
-        width = dst.shape[1]
-        shards, local, inside = self._locate(starts + shift, width)
-        rows = zip(shards.tolist(), local.tolist(), inside.tolist(), strict=True)
-        for row, (shard, lo, whole) in enumerate(rows):
-            if whole:
-                dst[row] = self._flat(shard)[lo : lo + width]
-            else:
-                self._copy(int(starts[row]) + shift, dst[row])
-
-    def _window_starts(self, indices: np.ndarray) -> np.ndarray:
-        indices = np.asarray(indices, dtype=np.int64)
-        if indices.size and (indices.min() < 0 or indices.max() >= self._num_windows):
-            raise IndexError(
-                f"views.TokenWindows: window index out of range ({indices.min()}..{indices.max()}, "
-                f"expected [0, {self._num_windows}))"
-            )
-        return indices * self.stride
-
-    def _pieces(self, start: int, width: int) -> list[tuple[int, int, int]]:
-        """(shard, local start, local stop) of each shard the window from `start` touches."""
-        shard = int(np.searchsorted(self._starts, start, side="right")) - 1
-        pieces, position, stop = [], start, start + width
-        while position < stop:
-            base, end = int(self._starts[shard]), int(self._starts[shard + 1])
-            take = min(stop, end) - position
-            if take > 0:
-                pieces.append((shard, position - base, position - base + take))
-                position += take
-            shard += 1
-        return pieces
-
-    def _copy(self, start: int, dst: np.ndarray) -> None:
-        filled = 0
-        for shard, lo, hi in self._pieces(start, len(dst)):
-            dst[filled : filled + hi - lo] = self._flat(shard)[lo:hi]
-            filled += hi - lo
-
-    def _flat(self, shard: int) -> np.ndarray:
-        flat = self._flats[shard]
-        if flat is None:
-            flat = self._flats[shard] = self.dataset.shard(shard).flat(self.field)
-        return flat
-
-    def _doc_offsets(self, shard: int) -> np.ndarray:
-        offsets = self._offsets[shard]
-        if offsets is None:
-            raw = self.dataset.shard(shard).element_offsets(self.field)
-            offsets = self._offsets[shard] = np.asarray(raw, dtype=np.int64)
-        return offsets
-
-    def _document_fields(
-        self, starts: np.ndarray, segment_ids: np.ndarray, positions: np.ndarray
-    ) -> None:
-        n, width = len(starts), self._doc_width
-        marks = np.zeros((n, width), dtype=bool)
-        for row, start in enumerate(starts.tolist()):
-            marks[row, self._doc_starts(start) - start] = True
-        marks[:, 0] = False
-        np.cumsum(marks, axis=1, dtype=np.int32, out=segment_ids[:n])
-        segment_ids[:n] += 1
-        columns = np.arange(width, dtype=np.int32)
-        last_start = np.where(marks, columns, 0)
-        np.maximum.accumulate(last_start, axis=1, out=last_start)
-        np.subtract(columns, last_start, out=positions[:n], casting="unsafe")
-
-    def _doc_starts(self, start: int) -> np.ndarray:
-        """Global element indices in [start, start + doc width) where a document begins."""
-        found = []
-        for shard, lo, hi in self._pieces(start, self._doc_width):
-            offsets = self._doc_offsets(shard)
-            first, last = np.searchsorted(offsets, [lo, hi], side="left")
-            found.append(offsets[first:last] + self._starts[shard])
-        return np.concatenate(found) if found else np.zeros(0, np.int64)
-
-
-def _check_token_field(dataset: Any, field: str, seq_len: int, stride: int) -> np.dtype:
-    spec = dataset.schema[field]
-    if spec.kind != "array" or tuple(spec.shape) != (None,):
-        raise ConfigError(
-            f"views.TokenWindows: field {field!r} is {spec.spec} (expected a 1-D variable-length "
-            "numeric field such as int32[])"
-        )
-    for name, value in (("seq_len", seq_len), ("stride", stride)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"views.TokenWindows: {name} ({value!r}, expected an int >= 1)")
-    return np.dtype(spec.dtype)

@@ -32,6 +32,7 @@ LAYERS: list[set[str]] = [
     {"reader", "writer"},
     {"dataset_writer"},
     {"dataset"},
+    {"windows"},
     {"views", "ingest_parts", "device", "checkpoint", "pipeline"},
     {"steps", "ingest_pack"},
     {"loader", "train", "cli_args"},

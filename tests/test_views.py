@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -9,7 +11,9 @@ from hypothesis import strategies as st
 
 import roxxel
 from roxxel.errors import ConfigError
-from roxxel.views import Records, TokenWindows, as_source
+from roxxel.steps import plan_for
+from roxxel.views import Records, TokenWindows, as_source, takes_rows
+from roxxel.windows import blend_of
 
 SCHEMA = {"tokens": "int32[]", "label": "int64", "image": "uint8[2,3]", "text": "str"}
 
@@ -271,3 +275,120 @@ def test_with_seq_len_keeps_every_option_and_a_default_stride_follows(corpus):
     np.testing.assert_array_equal(_read_all(longer, [3])["inputs"][0], flat[48:64])
     strided = TokenWindows(ds, "tokens", 8, targets=False, stride=4).with_seq_len(12)
     assert (strided.stride, strided.width, strided.targets) == (4, 12, False)
+
+
+def _rows_read(source, indices, rows, num_rows):
+    out = {k: np.full((num_rows, *s), 99, d) for k, (s, d) in source.layout.items()}
+    source.read(np.asarray(indices), out, rows=np.asarray(rows))
+    return out
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"document_structure": True}, {"split_targets": True, "document_structure": True}],
+)
+def test_token_windows_read_into_given_rows_equals_a_plain_read(corpus, options):
+    windows = TokenWindows(corpus[0], "tokens", 32, **options)
+    indices = np.arange(len(windows))[::-1]  # crosses every shard boundary
+    rows = np.random.default_rng(0).permutation(len(indices) + 5)[: len(indices)]
+    got, ref = _rows_read(windows, indices, rows, len(indices) + 5), _read_all(windows, indices)
+    untouched = np.setdiff1d(np.arange(len(indices) + 5), rows)
+    for name in windows.layout:
+        np.testing.assert_array_equal(got[name][rows], ref[name])
+        assert (got[name][untouched] == 99).all()
+
+
+def test_records_read_into_given_rows_equals_a_plain_read(corpus):
+    records = Records(corpus[0], max_len={"tokens": 40, "text": 8})
+    indices, rows = np.array([5, 299, 0, 150, 7]), np.array([3, 0, 6, 1, 4])
+    got, ref = _rows_read(records, indices, rows, 7), _rows_read(records, indices, range(5), 5)
+    for name in records.layout:
+        np.testing.assert_array_equal(got[name][rows], ref[name])
+        assert (got[name][[2, 5]] == 99).all()
+
+
+def test_read_refuses_rows_that_are_not_one_per_index(corpus):
+    for source in (TokenWindows(corpus[0], "tokens", 8), Records(corpus[0], fields=["label"])):
+        with pytest.raises(ConfigError, match="one per index"):
+            _rows_read(source, [0, 1, 2], [0, 1], 3)
+    assert takes_rows(source) and not takes_rows(lambda: None)
+
+
+@pytest.mark.parametrize("split_targets", [False, True])
+def test_a_window_blend_reads_what_each_source_reads(corpus, tmp_path, split_targets):
+    other = _write(tmp_path, _docs(120, seed=3), shard_bytes=700)
+    sources = [
+        TokenWindows(corpus[0], "tokens", 16, split_targets=split_targets),
+        TokenWindows(other, "tokens", 16, stride=5, split_targets=split_targets),
+        TokenWindows(corpus[0], "tokens", 16, stride=7, split_targets=split_targets),
+    ]
+    blend = blend_of(sources)
+    assert blend is not None
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 3, 400)
+    indices = np.array([rng.integers(0, len(sources[k])) for k in ids.tolist()])
+    out = {k: np.full((400, *s), -7, d) for k, (s, d) in sources[0].layout.items()}
+    blend.read(ids, indices, out)
+    for k, source in enumerate(sources):
+        ref = _read_all(source, indices[ids == k])
+        for name in source.layout:
+            np.testing.assert_array_equal(out[name][ids == k], ref[name])
+    with pytest.raises(IndexError, match="of source 1"):
+        blend.read(np.array([0, 1]), np.array([0, len(sources[1])]), out)
+
+
+def test_blend_of_needs_token_windows_of_one_cut_without_documents(corpus):
+    ds = corpus[0]
+    assert blend_of([TokenWindows(ds, "tokens", 8), Records(ds, fields=["label"])]) is None
+    assert blend_of([TokenWindows(ds, "tokens", 8), TokenWindows(ds, "tokens", 9)]) is None
+    assert blend_of([TokenWindows(ds, "tokens", 8, document_structure=True)]) is None
+    assert blend_of([]) is None
+
+
+class _NoRows:
+    """A source whose ``read`` takes no ``rows=``: a mixture reads it through a block."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    layout = property(lambda self: self.inner.layout)
+    advise = property(lambda self: self.inner.advise)
+    fingerprint = property(lambda self: self.inner.fingerprint)
+
+    def __len__(self):
+        return len(self.inner)
+
+    def read(self, indices, out):
+        self.inner.read(indices, out)
+
+
+def _mixture_batches(sources, num_steps):
+    mixture = roxxel.Mixture(
+        dict(zip("abc", sources, strict=True)), {"a": 3, "b": 2, "c": 1}, batch_size=16
+    )
+    config = types.SimpleNamespace(fields=None, max_len=None, final_batch="drop")
+    plan = plan_for(mixture, None, config, seed=0, shuffle=True)
+    rows, batches = np.arange(16), []
+    for step in range(num_steps):
+        pick = plan.pick(step, rows)
+        host = {k: np.full((16, *s), 99, d) for k, (s, d) in sources[0].layout.items()}
+        plan.fill(pick, host)
+        batches.append(host)
+    return batches
+
+
+@pytest.mark.parametrize("kind", ["windows", "records"])
+def test_mixture_batches_are_the_same_whichever_way_sources_take_rows(corpus, kind):
+    ds = corpus[0]
+    if kind == "windows":  # one pass (a blend), or each source into its rows, or blocks
+        make = lambda: TokenWindows(ds, "tokens", 8)  # noqa: E731
+    else:
+        make = lambda: Records(ds, max_len={"tokens": 40, "text": 8})  # noqa: E731
+    plain = [make() for _ in range(3)]
+    wrapped = [_NoRows(source) for source in plain]
+    mixed = [plain[0], wrapped[1], make()]
+    ref = _mixture_batches(wrapped, 12)
+    for sources in (plain, mixed):
+        for got, want in zip(_mixture_batches(sources, 12), ref, strict=True):
+            for name in want:
+                np.testing.assert_array_equal(got[name], want[name])

@@ -4,12 +4,12 @@ The model is a small byte-level transformer in plain JAX (2 pre-norm decoder lay
 128, 4 heads, GELU MLP, tied embeddings, Adam; 0.43 M parameters, a 5.1 MB train state with
 the moments), trained on 16 x 64-token windows of the benchmark corpus (token ids mod 256,
 packed as uint8) read by a roxxel `Loader` over `TokenWindows`. On the project's 2 CPU cores
-a step takes 40-90 ms (idle to busy).
+a step takes 55-90 ms (quiet to busy machine).
 
 Each round runs `fit` twice in one process, once with ``save_every=50`` and once with
 checkpoints only at the end (after the timed window), alternating which goes first; up to
-``2 * repeats`` rounds (at most 10) while a time budget lasts, at least 3. A run
-records when the loop asked for each batch; its steady-state rate covers iterations
+``2 * repeats`` rounds (at most 10) while a time budget lasts (at least 3 when repeats > 1).
+A run records when the loop asked for each batch; its steady-state rate covers iterations
 ``[WARMUP_STEPS, WARMUP_STEPS + MEASURED_STEPS)`` (compilation and the first steps
 excluded; the window holds whole save intervals, so every save and the background write
 after it fall inside). Rows: the median rate of each configuration; the time a save
@@ -178,7 +178,7 @@ def run_fit(corpus: Path, out: Path, num_steps: int, save_every: int) -> tuple[T
 
 def w_train_checkpoint(p: dict) -> list[ms.Metric]:
     corpus = ensure_corpus(dg.SPECS[p.get("spec", "small")])
-    max_rounds = max(3, min(10, 2 * int(p.get("repeats", 5))))
+    max_rounds = max(1, min(10, 2 * int(p.get("repeats", 5))))  # --repeats 1: 2 rounds
     num_steps = WARMUP_STEPS + MEASURED_STEPS + 1
     rates: dict[int, list[float]] = {0: [], SAVE_EVERY: []}
     cpu: dict[int, list[float]] = {0: [], SAVE_EVERY: []}

@@ -11,7 +11,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,arrow]'
+	$(PY) -m pip install --quiet -e '.[dev,arrow,json]'
 	touch $(STAMP)
 
 # The main job: pack a real corpus every machine has offline, then train on it.

@@ -16,6 +16,18 @@ from collections.abc import Iterator
 from roxxel.errors import ConfigError
 from roxxel.ingest_units import MAX_BAD_KEPT, BadRecords, Format, Piece, ReadOptions, Record
 
+try:  # optional (roxxel[json]): parses about 2.5x faster; both refuse NaN and Infinity
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover - depends on the environment
+
+    def _loads(line: bytes) -> object:
+        return json.loads(line, parse_constant=_no_constants)
+
+
+def _no_constants(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
 __all__ = ["line_location", "line_pieces", "read_jsonl", "read_text", "read_text_file"]
 
 _COUNT_CHUNK = 1 << 24
@@ -79,7 +91,7 @@ def read_jsonl(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterator[tup
         if not line.strip():
             continue
         try:
-            value = json.loads(line)
+            value = _loads(line)
         except ValueError as e:
             _bad(
                 piece, offset, f"malformed JSON ({e}, expected one JSON object per line)", opts, bad

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from roxxel import ingest_text
 from roxxel.errors import ConfigError
 from roxxel.ingest import (
     BadRecords,
@@ -81,6 +82,19 @@ def test_malformed_jsonl_names_file_and_line(tmp_path):
     path.write_text('{"x": 1}\n{"x": 2}\n{"x": \n{"x": 4}\n')
     with pytest.raises(ConfigError, match=r"bad\.jsonl:3: malformed JSON"):
         _records([Input(str(path), "jsonl")])
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_jsonl_refuses_nan_and_infinity_with_or_without_orjson(tmp_path, monkeypatch, constant):
+    path = tmp_path / "c.jsonl"
+    path.write_text(f'{{"x": 1}}\n{{"x": {constant}}}\n')
+    for loads in {
+        ingest_text._loads,
+        lambda line: json.loads(line, parse_constant=ingest_text._no_constants),
+    }:
+        monkeypatch.setattr(ingest_text, "_loads", loads)
+        with pytest.raises(ConfigError, match=r"c\.jsonl:2: malformed JSON"):
+            _records([Input(str(path), "jsonl")])
 
 
 def test_jsonl_line_that_is_not_an_object_is_refused(tmp_path):

@@ -6,8 +6,9 @@
 --small/--full   data size (64 MiB + 48 MiB, or 1 GiB + 192 MiB); --spec tiny for smoke runs.
 
 Writes benchmarks/results/<date>.md for a --peers run, <date>-quick.md otherwise (+ .json with
-every row), and refreshes the summary in benchmarks/README.md; a tiny smoke run writes under
-benchmarks/.work/ instead.
+every row), and refreshes the summary in benchmarks/README.md. A tiny smoke run, a partial run
+(--systems/--workloads) or one given --out publishes nothing: it writes to --out, or under
+benchmarks/.work/.
 """
 
 from __future__ import annotations
@@ -191,12 +192,15 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     rows, versions = run_all(args)
     header["duration"] = f"{time.perf_counter() - t0:.0f} s"
-    smoke = args.spec == "tiny" and args.out is None
+    # Only a whole run at a real size publishes: smoke runs, partial runs (--systems,
+    # --workloads) and runs with their own --out leave results/ and the README alone.
+    partial = bool(args.systems or args.workloads)
+    publish = args.spec != "tiny" and not partial and args.out is None
     day = header["date"][:10]
     name = f"{day}.md" if args.peers and not args.quick else f"{day}-quick.md"
-    out = args.out or (HERE / (".work" if smoke else "results") / name)
+    out = args.out or (HERE / ("results" if publish else ".work") / name)
     write_results(rows, header, versions, out)
-    if not smoke:
+    if publish:
         update_readme(rows, header, out)
     print(render_sections(rows))
     print(f"wrote {out}", file=sys.stderr)

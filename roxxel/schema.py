@@ -179,23 +179,22 @@ class Field:
             )
         return _raw(array)
 
-    def concat_to_bytes(self, values: Any, first: int, where: str) -> tuple[memoryview, list[int]]:
-        """Check the values of records ``first``.. of a variable array field; return their
-        bytes back to back and each record's size in bytes.
-
-        Arrays already of the field's dtype and inner shape are joined in one copy.
-        """
+    def records_to_bytes(self, values: Any, first: int, where: str) -> list[memoryview]:
+        """Check the values of records ``first``.. of a variable-length field; return each
+        one's raw bytes (views of the given arrays where they already fit exactly)."""
         dims, dtype, inner = len(self.shape), self.dtype, self.inner_shape
         arrays = list(values)
-        exact = all(
-            type(a) is np.ndarray and a.ndim == dims and a.dtype == dtype and a.shape[1:] == inner
+        exact = self.kind == "array" and all(
+            type(a) is np.ndarray
+            and a.ndim == dims
+            and a.dtype == dtype
+            and a.shape[1:] == inner
+            and a.flags.c_contiguous
             for a in arrays
         )
-        if not exact:
-            raws = [self.to_bytes(v, f"{where}: record {first + i}") for i, v in enumerate(arrays)]
-            return memoryview(b"".join(raws)), [r.nbytes for r in raws]
-        joined = np.concatenate(arrays) if arrays else np.empty((0, *self.inner_shape), self.dtype)
-        return _raw(joined), [a.nbytes for a in arrays]
+        if exact:
+            return [memoryview(a) for a in arrays]  # pyright: ignore[reportArgumentType]
+        return [self.to_bytes(v, f"{where}: record {first + i}") for i, v in enumerate(arrays)]
 
     def _check_shape(self, shape: tuple[int, ...], where: str) -> None:
         expected = self.shape

@@ -74,22 +74,23 @@ class _Column:
     def extend_fixed(self, raw: memoryview, num: int) -> None:
         """Append ``num`` raw fixed-size records in one write (no codec, no offsets)."""
         unit = raw.nbytes // num if num else 0
-        self._extend(raw, [unit] * num)
-
-    def extend_variable(self, raw: memoryview, sizes: list[int]) -> None:
-        """Append raw variable-length records, back to back in ``raw``, in one write."""
-        if self.offsets is not None:  # always, for a variable field
-            ends = np.cumsum(sizes, dtype=np.int64) + self.nbytes
-            self.offsets.extend(ends.tolist())
-        self._extend(raw, sizes)
-
-    def _extend(self, raw: memoryview, sizes: list[int]) -> None:
         self.sink.write(raw)
-        digest, at, sums = xxhash.xxh3_64_intdigest, 0, self.checksums
-        for size in sizes:
-            sums.append(digest(raw[at : at + size]))
-            at += size
+        digest, sums = xxhash.xxh3_64_intdigest, self.checksums
+        sums.extend(digest(raw[i * unit : (i + 1) * unit]) for i in range(num))
         self.nbytes += raw.nbytes
+
+    def extend(self, raws: list[memoryview]) -> None:
+        """Append records given as their raw bytes (compressed here for a zstd field)."""
+        if self.zstd is not None or self.offsets is None:
+            for raw in raws:
+                self.append(raw)
+            return
+        self.sink.writelines(raws)  # one copy into the buffer, no joined temporary
+        digest = xxhash.xxh3_64_intdigest
+        self.checksums.extend(digest(raw) for raw in raws)
+        ends = np.cumsum([raw.nbytes for raw in raws], dtype=np.int64) + self.nbytes
+        self.offsets.extend(ends.tolist())
+        self.nbytes = int(ends[-1]) if raws else self.nbytes
 
     def append(self, raw: memoryview) -> None:
         stored = raw if self.zstd is None else self.zstd.compress(raw)
@@ -164,28 +165,14 @@ class ShardWriter:
         num = self._batch_size(columns, where)
         encoded: list[Any] = []
         for column in self._columns:
-            values = columns[column.field.name]
+            values, field = columns[column.field.name], column.field
             if column.offsets is None:
-                encoded.append(column.field.batch_to_bytes(values, num, where))
-            elif column.zstd is None and column.field.kind == "array":
-                encoded.append(
-                    column.field.concat_to_bytes(values, self.num_records, str(self.path))
-                )
+                encoded.append(field.batch_to_bytes(values, num, where))
             else:
-                at = self.num_records
-                where_one = f"{self.path}: record"
-                encoded.append(
-                    [
-                        column.field.to_bytes(v, f"{where_one} {at + i}")
-                        for i, v in enumerate(values)
-                    ]
-                )
+                encoded.append(field.records_to_bytes(values, self.num_records, str(self.path)))
         for column, raw in zip(self._columns, encoded, strict=True):
             if isinstance(raw, list):
-                for one in raw:
-                    column.append(one)
-            elif isinstance(raw, tuple):
-                column.extend_variable(*raw)
+                column.extend(raw)
             else:
                 column.extend_fixed(raw, num)
         self.num_records += num

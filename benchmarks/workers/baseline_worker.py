@@ -166,7 +166,7 @@ def w_train_tokens(p: dict) -> list[ms.Metric]:
     ensure_data(spec)
     toks = IndexedReader(_paths(spec)[0]).tokens
     out = _aligned((dg.TOKEN_BATCH, dg.SEQ_LEN + 1), np.int32)
-    n = int(p.get("batches", 100))
+    n = int(p.get("batches", 1000))  # as many as roxxel's Loader rows
 
     def gather(step: int) -> np.ndarray:
         for r, s in enumerate(dg.window_starts(spec, step).tolist()):
@@ -177,7 +177,7 @@ def w_train_tokens(p: dict) -> list[ms.Metric]:
         ms.metric(
             "train_tokens",
             "bare numpy window gather (limit)",
-            ms.median_rate(lambda: [gather(s) for s in range(n)], n, 3),
+            ms.median_rate(lambda: [gather(s) for s in range(n)], n, int(p.get("repeats", 5))),
             "batches/s",
         )
     ]
@@ -190,7 +190,7 @@ def w_train_tokens(p: dict) -> list[ms.Metric]:
             ms.metric(
                 "train_tokens",
                 "bare numpy gather + jax.device_put",
-                ms.median_rate(put, n, 3),
+                ms.median_rate(put, n, int(p.get("repeats", 5))),
                 "batches/s",
             )
         )
@@ -213,7 +213,7 @@ def w_train_images(p: dict) -> list[ms.Metric]:
     img, lab = _image_memmap(spec)
     bi = _aligned((dg.IMAGE_BATCH, *dg.IMAGE_SHAPE), np.uint8)
     bl = _aligned((dg.IMAGE_BATCH,), np.int64)
-    n = int(p.get("batches", 50))
+    n = int(p.get("batches", 300))  # as many as roxxel's Loader rows
 
     def run() -> None:
         for s in range(n):
@@ -221,7 +221,7 @@ def w_train_images(p: dict) -> list[ms.Metric]:
             np.take(img, idx, axis=0, out=bi)
             np.take(lab, idx, axis=0, out=bl)
 
-    rate = ms.median_rate(run, n, 3)
+    rate = ms.median_rate(run, n, int(p.get("repeats", 5)))
     res = [ms.metric("train_images", "bare np.take gather (limit)", rate, "batches/s")]
     variant = "bare np.take gather + jax.device_put"
     try:
@@ -237,7 +237,12 @@ def w_train_images(p: dict) -> list[ms.Metric]:
             np.take(lab, idx, axis=0, out=bl)
             jax.block_until_ready(jax.device_put([bi, bl], dev))
 
-    return [*res, ms.metric("train_images", variant, ms.median_rate(put, n, 3), "batches/s")]
+    return [
+        *res,
+        ms.metric(
+            "train_images", variant, ms.median_rate(put, n, int(p.get("repeats", 5))), "batches/s"
+        ),
+    ]
 
 
 def w_train_images_cold(p: dict) -> list[ms.Metric]:

@@ -51,6 +51,8 @@ def _spec(p: dict) -> dg.DataSpec:
 
 
 CHUNK = 1024  # records per write_batch call
+# Batches per timed repeat: long enough (~0.3 s) that a repeat is not one scheduler blip.
+TOKEN_BATCHES, IMAGE_BATCHES, WARMUP_BATCHES = 1000, 300, 20
 
 
 def _write_lm(out: Path, spec: dg.DataSpec, docs=None, batched: bool = True) -> None:
@@ -87,6 +89,17 @@ def ensure_data(spec: dg.DataSpec) -> tuple[Path, Path]:
         _write_images(root / "images", *dg.images(spec, 0, spec.num_images))
         stamp.write_text(spec.key())
     return root / "lm", root / "images"
+
+
+def _still_opens(root: Path) -> bool:
+    """Whether a cached dataset exists and still opens (the format may have changed)."""
+    rx = _rx()
+    try:
+        ds = rx.open_dataset(root)
+        _ = (ds[0], ds[len(ds) - 1])
+    except (rx.RoxxelError, OSError, IndexError):
+        return False
+    return True
 
 
 def _opens(root: Path) -> bool:
@@ -170,7 +183,8 @@ def w_read_batch(p: dict, cold: bool) -> list[ms.Metric]:
 
 def _loader_rate(loader, n: int, repeats: int) -> float:
     it = iter(loader)
-    next(it)
+    for _ in range(WARMUP_BATCHES):  # fill the pipeline, first transfers, page cache
+        next(it)
 
     def run() -> None:
         for _ in range(n):
@@ -183,7 +197,7 @@ def w_train_tokens(p: dict) -> list[ms.Metric]:
     spec = _spec(p)
     ds = _rx().open_dataset(ensure_data(spec)[0])
     windows = _api("TokenWindows")(ds, "tokens", dg.SEQ_LEN)
-    n, reps = int(p.get("batches", 100)), 3
+    n, reps = int(p.get("batches", TOKEN_BATCHES)), int(p.get("repeats", 5))
     res = []
     with _loader(windows, dg.TOKEN_BATCH) as loader:
         res.append(
@@ -245,7 +259,7 @@ def _jax_variant(workload: str, source, batch: int, n: int, reps: int) -> ms.Met
 def w_train_images(p: dict) -> list[ms.Metric]:
     spec = _spec(p)
     ds = _rx().open_dataset(ensure_data(spec)[1])
-    n, reps = int(p.get("batches", 50)), 3
+    n, reps = int(p.get("batches", IMAGE_BATCHES)), int(p.get("repeats", 5))
     out = ds.get_batch(np.arange(dg.IMAGE_BATCH))
 
     def by_hand() -> None:
@@ -486,7 +500,7 @@ def w_startup(p: dict) -> list[ms.Metric]:
     spec = _spec(p)
     rx = _rx()
     root = dg.data_dir(spec, SYSTEM) / "startup-1000"
-    if not (root / "manifest.json").exists():
+    if not _still_opens(root):
         docs = list(dg.iter_documents(spec, max_tokens=4000 * 1000))
         with rx.DatasetWriter(root, rx.Schema.parse(LM_SCHEMA), shard_bytes=1, overwrite=True) as w:
             for k in range(1000):  # shard_bytes=1: every record closes its own shard
@@ -519,7 +533,7 @@ def w_open_memory(p: dict) -> list[ms.Metric]:
     spec = _spec(p)
     num, shards = (10**7, 100) if spec.name != "tiny" else (10**5, 100)
     root = dg.data_dir(spec, SYSTEM) / f"memory-{num}"
-    if not (root / "manifest.json").exists():
+    if not _still_opens(root):
         per = num // shards
         with rx.DatasetWriter(
             root, {"label": "int64", "tokens": "int32[]"}, shard_bytes=per * 12

@@ -22,6 +22,12 @@ from typing import Any
 Metric = dict[str, Any]
 
 
+def write_repeats(params: dict) -> int:
+    """Repeats for the write workloads: at least 5 (one write of the small data is ~50 ms,
+    so fixed costs such as fsync and page-cache reclaim swing a single run)."""
+    return max(5, int(params.get("repeats", 5)))
+
+
 def slow_repeats(params: dict) -> int:
     """Repeats for the slow workloads (writes, resumes, startup): at most 3."""
     return max(1, min(3, int(params.get("repeats", 3))))

@@ -86,8 +86,7 @@ class _Column:
                 self.append(raw)
             return
         self.sink.writelines(raws)  # one copy into the buffer, no joined temporary
-        digest = xxhash.xxh3_64_intdigest
-        self.checksums.extend(digest(raw) for raw in raws)
+        self.checksums.extend(map(xxhash.xxh3_64_intdigest, raws))
         ends = np.cumsum([raw.nbytes for raw in raws], dtype=np.int64) + self.nbytes
         self.offsets.extend(ends.tolist())
         self.nbytes = int(ends[-1]) if raws else self.nbytes

@@ -122,7 +122,7 @@ def w_write_lm(p: dict) -> list[ms.Metric]:
     rows = []
     for batched, how in ((True, "write_batch"), (False, "write per record")):
         rate = ms.median_rate(
-            lambda b=batched: _write_lm(out, spec, docs, b), mb, ms.slow_repeats(p), 0
+            lambda b=batched: _write_lm(out, spec, docs, b), mb, ms.write_repeats(p), 1
         )
         rows.append(
             ms.metric("write_lm", f"DatasetWriter.{how} (atomic: fsync + rename)", rate, "MB/s")
@@ -138,7 +138,7 @@ def w_write_images(p: dict) -> list[ms.Metric]:
     rows = []
     for batched, how in ((True, "write_batch"), (False, "write per record")):
         rate = ms.median_rate(
-            lambda b=batched: _write_images(out, img, lab, b), mb, ms.slow_repeats(p), 0
+            lambda b=batched: _write_images(out, img, lab, b), mb, ms.write_repeats(p), 1
         )
         rows.append(
             ms.metric("write_images", f"DatasetWriter.{how} (atomic: fsync + rename)", rate, "MB/s")

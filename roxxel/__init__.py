@@ -14,7 +14,7 @@ from roxxel.dataset import Dataset, open_dataset, write_manifest
 from roxxel.dataset_writer import DatasetWriter
 from roxxel.errors import ConfigError, FormatError, RoxxelError, StateError
 from roxxel.reader import Corruption, Shard, open_shard
-from roxxel.schema import Field, Schema
+from roxxel.schema import Field, Ragged, Schema
 from roxxel.version import __version__
 from roxxel.writer import ShardInfo, ShardWriter, write_shard
 
@@ -52,6 +52,7 @@ __all__ = [  # Cap, KeyedPermutation, Loader, ... load on first use (see _LAZY)
     "LoaderConfig",
     "Mixture",
     "Phase",
+    "Ragged",
     "Records",
     "RoxxelError",
     "Schema",

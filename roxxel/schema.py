@@ -17,7 +17,7 @@ import numpy as np
 
 from roxxel.errors import ConfigError
 
-__all__ = ["CODECS", "Codec", "Field", "Schema", "parse_codec"]
+__all__ = ["CODECS", "Codec", "Field", "Ragged", "Schema", "parse_codec"]
 
 NUMERIC_DTYPES = (
     "bool",
@@ -179,6 +179,21 @@ class Field:
             )
         return _raw(array)
 
+    def ragged_to_bytes(self, ragged: Ragged, num: int, where: str) -> tuple[memoryview, list[int]]:
+        """Check ``num`` variable-length records given as one `Ragged`; return their bytes
+        back to back (a view when ``values`` already has the field's dtype) and each size."""
+        if self.kind != "array" or not isinstance(ragged, Ragged):
+            raise ConfigError(f"{where}: field {self.name!r} takes Ragged values ({self.spec})")
+        values = _exact_cast(np.asarray(ragged.values), self, where)
+        lengths = np.asarray(ragged.lengths)
+        ok = lengths.dtype.kind in "iu" and lengths.shape == (num,) and (lengths >= 0).all()
+        if not ok or int(lengths.sum()) != len(values) or values.shape[1:] != self.inner_shape:
+            raise ConfigError(
+                f"{where}: field {self.name!r} Ragged of {len(values)} elements {values.shape[1:]}"
+                f" with lengths {lengths.shape} (expected {num} lengths >= 0 summing to it)"
+            )
+        return _raw(values), (lengths.astype(np.int64) * self.unit_bytes).tolist()
+
     def records_to_bytes(self, values: Any, first: int, where: str) -> list[memoryview]:
         """Check the values of records ``first``.. of a variable-length field; return each
         one's raw bytes (views of the given arrays where they already fit exactly)."""
@@ -255,6 +270,25 @@ def _exact_cast(array: np.ndarray, field: Field, where: str) -> np.ndarray:
         bad = array.flat[int(np.argmax(cast.astype(src) != array))] if array.size else array
         raise ConfigError(f"{where}: field {field.name!r} value {bad} does not fit {target.name}")
     return cast
+
+
+@dataclass(frozen=True, slots=True)
+class Ragged:
+    """Many variable-length records of one field as one array, for ``write_batch``.
+
+    ``values`` holds the records back to back along the variable dimension and
+    ``lengths`` each record's length in elements: the layout tokenized corpora usually
+    come in (Megatron ``.bin/.idx``, Arrow list arrays), written with one copy.
+
+    >>> Ragged(np.arange(5), np.array([2, 0, 3])).lengths.tolist()
+    [2, 0, 3]
+    """
+
+    values: Any
+    lengths: Any
+
+    def __len__(self) -> int:
+        return len(self.lengths)
 
 
 @dataclass(frozen=True, slots=True)

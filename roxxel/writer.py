@@ -36,7 +36,7 @@ from roxxel.format import (
 )
 from roxxel.layout import ColumnLayout, Extent, Layout, layout_to_json
 from roxxel.manifest import ShardInfo, checksum_text
-from roxxel.schema import Codec, Field, Schema, parse_codec
+from roxxel.schema import Codec, Field, Ragged, Schema, parse_codec
 from roxxel.version import __version__
 
 __all__ = ["ShardInfo", "ShardWriter", "json_object", "parse_compress", "write_shard"]
@@ -77,6 +77,23 @@ class _Column:
         self.sink.write(raw)
         digest, sums = xxhash.xxh3_64_intdigest, self.checksums
         sums.extend(digest(raw[i * unit : (i + 1) * unit]) for i in range(num))
+        self.nbytes += raw.nbytes
+
+    def extend_ragged(self, raw: memoryview, sizes: list[int]) -> None:
+        """Append records lying back to back in ``raw`` (``sizes`` bytes each), one write."""
+        if self.zstd is not None or self.offsets is None:
+            view, at = raw.cast("B"), 0
+            for size in sizes:
+                self.append(view[at : at + size])
+                at += size
+            return
+        self.sink.write(raw)
+        ends = np.cumsum(sizes, dtype=np.int64)
+        starts = (ends - np.asarray(sizes, np.int64)).tolist()
+        view = raw.cast("B")
+        digest = xxhash.xxh3_64_intdigest
+        self.checksums.extend(digest(view[a:b]) for a, b in zip(starts, ends.tolist(), strict=True))
+        self.offsets.extend((ends + self.nbytes).tolist())
         self.nbytes += raw.nbytes
 
     def extend(self, raws: list[memoryview]) -> None:
@@ -157,7 +174,8 @@ class ShardWriter:
         """Append many records given by field: ``{name: n values}`` (an array for fixed fields).
 
         Fixed-shape uncompressed fields are checked and written as one block each, which
-        is much faster than `write` per record. All values are checked before any byte of
+        is much faster than `write` per record; a variable-length field may be given as a
+        `roxxel.Ragged` (values back to back plus lengths), also written as one block. All values are checked before any byte of
         the batch is written; on error nothing of the batch is written.
         """
         where = f"{self.path}: records {self.num_records}.."
@@ -167,11 +185,15 @@ class ShardWriter:
             values, field = columns[column.field.name], column.field
             if column.offsets is None:
                 encoded.append(field.batch_to_bytes(values, num, where))
+            elif isinstance(values, Ragged):
+                encoded.append(field.ragged_to_bytes(values, num, where))
             else:
                 encoded.append(field.records_to_bytes(values, self.num_records, str(self.path)))
         for column, raw in zip(self._columns, encoded, strict=True):
             if isinstance(raw, list):
                 column.extend(raw)
+            elif isinstance(raw, tuple):
+                column.extend_ragged(*raw)
             else:
                 column.extend_fixed(raw, num)
         self.num_records += num

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -368,3 +369,47 @@ def test_dataset_writer_write_batch_rolls_over_between_batches(tmp_path) -> None
             writer.write_batch({"x": np.arange(start, start + 10)})
     ds = roxxel.open_dataset(tmp_path / "d")
     assert ds.num_shards == 4 and ds.get_batch(np.arange(40))["x"].tolist() == list(range(40))
+
+
+def test_write_batch_of_ragged_values_equals_record_by_record(tmp_path) -> None:
+    schema = {"tokens": "int32[]", "pairs": "float32[,2]", "label": "int64"}
+    lengths = [3, 0, 5, 1]
+    tokens = np.arange(sum(lengths), dtype=np.int32)
+    pairs = np.arange(2 * sum(lengths), dtype=np.float32).reshape(-1, 2)
+    cuts = np.cumsum([0, *lengths])
+    records = [
+        {"tokens": tokens[a:b], "pairs": pairs[a:b], "label": i}
+        for i, (a, b) in enumerate(itertools.pairwise(cuts))
+    ]
+    for compress in (None, {"tokens": "zstd:1"}):
+        roxxel.write_shard(tmp_path / "one.rxs", records, schema, compress=compress)
+        with roxxel.ShardWriter(tmp_path / "ragged.rxs", schema, compress=compress) as writer:
+            writer.write_batch(
+                {
+                    "tokens": roxxel.Ragged(tokens.astype(np.int64), np.array(lengths)),
+                    "pairs": roxxel.Ragged(pairs, np.array(lengths)),
+                    "label": np.arange(4),
+                }
+            )
+        assert (tmp_path / "one.rxs").read_bytes() == (tmp_path / "ragged.rxs").read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("lengths", "values", "message"),
+    [
+        ([2, 2], np.arange(3), "summing"),
+        ([2, -1, 2], np.arange(3), "summing"),
+        ([1, 1], np.array([1, 70000]), "does not fit uint16"),
+        ([1.0, 1.0], np.arange(2), "summing"),
+    ],
+)
+def test_write_batch_rejects_bad_ragged_values(tmp_path, lengths, values, message) -> None:
+    with roxxel.ShardWriter(tmp_path / "s.rxs", {"t": "uint16[]", "b": "bytes"}) as writer:
+        with pytest.raises(ConfigError, match=message):
+            n = len(lengths)
+            writer.write_batch({"t": roxxel.Ragged(values, np.array(lengths)), "b": [b""] * n})
+        with pytest.raises(ConfigError, match="takes Ragged values"):
+            writer.write_batch(
+                {"t": [[1]], "b": roxxel.Ragged(np.zeros(1, np.uint8), np.array([1]))}
+            )
+        assert writer.num_records == 0

@@ -34,10 +34,10 @@ from roxxel.ingest_pack import (
     UnitResult,
     map_fingerprint,
     mapped_records,
-    run_units,
     shuffle_units,
 )
 from roxxel.ingest_parts import PackPlan, finalize, merge, prepare_output
+from roxxel.ingest_pool import UnitPool
 from roxxel.schema import Schema
 from roxxel.writer import parse_compress
 
@@ -221,21 +221,24 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, config: PackConfig, units: list[WorkUnit]) -> list[UnitResult]:
-    total = sum(u.num_bytes for u in units)
-    bar = tqdm(
-        total=total, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
-        disable=args.quiet or not sys.stderr.isatty(), desc="pack",
-    )  # fmt: skip
     results: list[UnitResult] = []
     records = 0
-    with bar:
-        for result in run_units(config, units, args.workers):
+    # the pool's processes start before the bar's monitor thread does, so they can be forked
+    with UnitPool(config, units, args.workers) as pool, _bar(args, units) as bar:
+        for result in pool.results():
             results.append(result)
             records += result.num_records
             bar.update(result.num_input_bytes)
             rate = records / max(bar.format_dict["elapsed"], 1e-9)
             bar.set_postfix(records=records, records_s=f"{rate:.0f}", refresh=False)
     return results
+
+
+def _bar(args: argparse.Namespace, units: list[WorkUnit]) -> tqdm:
+    return tqdm(
+        total=sum(u.num_bytes for u in units), unit="B", unit_scale=True, unit_divisor=1024,
+        file=sys.stderr, disable=args.quiet or not sys.stderr.isatty(), desc="pack",
+    )  # fmt: skip
 
 
 def _report(

@@ -16,13 +16,14 @@ from dataclasses import dataclass
 
 from roxxel.errors import ConfigError
 from roxxel.ingest_arrow import arrow_pieces, hf_files, parquet_pieces, read_arrow, read_parquet
-from roxxel.ingest_megatron import idx_path, megatron_pieces, read_megatron
-from roxxel.ingest_numpy import npy_pieces, npz_pieces, read_npy, read_npz
+from roxxel.ingest_megatron import idx_path, megatron_pieces, read_megatron, read_megatron_blocks
+from roxxel.ingest_numpy import npy_pieces, npz_pieces, read_npy, read_npy_blocks, read_npz
 from roxxel.ingest_schema import infer_schema
 from roxxel.ingest_text import line_location, line_pieces, read_jsonl, read_text, read_text_file
 from roxxel.ingest_units import (
     FORMATS,
     BadRecords,
+    Block,
     Format,
     Piece,
     ReadOptions,
@@ -34,6 +35,7 @@ from roxxel.ingest_units import (
 __all__ = [
     "FORMATS",
     "BadRecords",
+    "Block",
     "Format",
     "Input",
     "Piece",
@@ -46,6 +48,7 @@ __all__ = [
     "locate",
     "plan_units",
     "read_unit",
+    "read_unit_blocks",
 ]
 
 EXTENSIONS: dict[str, Format] = {
@@ -73,6 +76,11 @@ READERS: dict[str, Reader] = {
     "parquet": read_parquet,
     "arrow": read_arrow,
     "megatron": read_megatron,
+}
+
+BLOCK_READERS: dict[str, Callable[[Piece, ReadOptions], Iterator[Block]]] = {
+    "npy": read_npy_blocks,
+    "megatron": read_megatron_blocks,
 }
 
 
@@ -181,6 +189,13 @@ def read_unit(
     for piece in unit.pieces:
         for record, key in READERS[piece.format](piece, opts, bad):
             yield record, piece, key
+
+
+def read_unit_blocks(unit: WorkUnit, opts: ReadOptions) -> Iterator[Block] | None:
+    """A unit's records as `Block` s, when every piece is of an array format; else None."""
+    if not all(p.format in BLOCK_READERS for p in unit.pieces):
+        return None
+    return (block for p in unit.pieces for block in BLOCK_READERS[p.format](p, opts))
 
 
 def locate(piece: Piece, key: int) -> str:

@@ -18,9 +18,25 @@ from dataclasses import dataclass
 import numpy as np
 
 from roxxel.errors import ConfigError
-from roxxel.ingest_units import BadRecords, Piece, ReadOptions, Record, check_range, row_pieces
+from roxxel.ingest_units import (
+    BLOCK_BYTES,
+    BadRecords,
+    Block,
+    Piece,
+    RangeReader,
+    ReadOptions,
+    Record,
+    check_range,
+    row_pieces,
+)
 
-__all__ = ["MegatronIndex", "megatron_pieces", "read_megatron", "read_megatron_index"]
+__all__ = [
+    "MegatronIndex",
+    "megatron_pieces",
+    "read_megatron",
+    "read_megatron_blocks",
+    "read_megatron_index",
+]
 
 MAGIC = b"MMIDIDX\x00\x00"
 _HEAD = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequence count, document count
@@ -107,17 +123,47 @@ def megatron_pieces(bin_path: str, unit_bytes: int) -> list[Piece]:
     return row_pieces(bin_path, "megatron", len(read_megatron_index(bin_path).lengths), unit_bytes)
 
 
+def _open(piece: Piece) -> tuple[MegatronIndex, np.ndarray]:
+    index = read_megatron_index(piece.path)
+    check_range(piece, len(index.lengths), "sequence")
+    if os.path.getsize(piece.path) == 0:
+        return index, np.empty(0, index.dtype)
+    return index, np.memmap(piece.path, index.dtype, mode="r").view(np.ndarray)
+
+
 def read_megatron(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterator[tuple[Record, int]]:
     """Yield ``{field: 1-D array}`` (default field ``tokens``) per sequence, with its number."""
     del bad  # a bad index is never skipped: it makes every later sequence suspect
-    index = read_megatron_index(piece.path)
-    check_range(piece, len(index.lengths), "sequence")
+    index, tokens = _open(piece)
     name = opts.field_for("tokens")
-    if os.path.getsize(piece.path) == 0:
-        tokens = np.empty(0, index.dtype)
-    else:
-        tokens = np.memmap(piece.path, index.dtype, mode="r")
     item = index.dtype.itemsize
     for i in range(piece.start, piece.stop):
         start = int(index.pointers[i]) // item
         yield {name: tokens[start : start + int(index.lengths[i])]}, i
+
+
+def read_megatron_blocks(piece: Piece, opts: ReadOptions) -> Iterator[Block]:
+    """The sequences of `read_megatron` as blocks of about `BLOCK_BYTES`, read into one
+    reused buffer where the block's sequences lie back to back in ``.bin`` (the usual case),
+    else gathered from its mapping."""
+    index, tokens = _open(piece)
+    name = opts.field_for("tokens")
+    item = index.dtype.itemsize
+    lengths = index.lengths[piece.start : piece.stop].astype(np.int64)
+    pointers = index.pointers[piece.start : piece.stop]
+    ends = np.cumsum(lengths) * item
+    at = 0
+    with RangeReader(piece.path) as reader:
+        while at < len(lengths):
+            base = int(ends[at - 1]) if at else 0
+            stop = max(at + 1, int(np.searchsorted(ends, base + BLOCK_BYTES, "right")))
+            lens, starts = lengths[at:stop], pointers[at:stop]
+            if np.array_equal(starts[1:], starts[:-1] + lens[:-1] * item):
+                values = reader.read(int(starts[0]), index.dtype, (int(lens.sum()),))
+            else:
+                firsts = (starts // item).tolist()
+                values = np.concatenate(
+                    [tokens[a : a + n] for a, n in zip(firsts, lens.tolist(), strict=True)]
+                )
+            yield Block(piece, piece.start + at, {name: values}, {name: lens})
+            at = stop

@@ -14,9 +14,19 @@ from collections.abc import Iterator
 import numpy as np
 
 from roxxel.errors import ConfigError
-from roxxel.ingest_units import BadRecords, Piece, ReadOptions, Record, check_range, row_pieces
+from roxxel.ingest_units import (
+    BLOCK_BYTES,
+    BadRecords,
+    Block,
+    Piece,
+    RangeReader,
+    ReadOptions,
+    Record,
+    check_range,
+    row_pieces,
+)
 
-__all__ = ["npy_pieces", "npz_pieces", "read_npy", "read_npz"]
+__all__ = ["npy_pieces", "npz_pieces", "read_npy", "read_npy_blocks", "read_npz"]
 
 
 def _check_array(path: str, name: str, array: np.ndarray) -> None:
@@ -57,6 +67,26 @@ def read_npy(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterator[tuple
     rows = array.view(np.ndarray)  # plain views of the mapping: np.memmap rows cost 3x more
     for i in range(piece.start, piece.stop):
         yield {name: rows[i]}, i
+
+
+def read_npy_blocks(piece: Piece, opts: ReadOptions) -> Iterator[Block]:
+    """The rows of `read_npy` as blocks of about `BLOCK_BYTES`, read into one reused buffer
+    (C-order files; a Fortran-order file gives views of its mapping)."""
+    array = _load_npy(piece.path)
+    check_range(piece, len(array), "row")
+    name = opts.field_for("data")
+    row_bytes = array[:1].nbytes
+    step = max(1, BLOCK_BYTES // max(1, row_bytes))
+    if not array.flags.c_contiguous or not row_bytes or not isinstance(array, np.memmap):
+        rows = array.view(np.ndarray)
+        for start in range(piece.start, piece.stop, step):
+            yield Block(piece, start, {name: rows[start : min(start + step, piece.stop)]})
+        return
+    with RangeReader(piece.path) as reader:
+        for start in range(piece.start, piece.stop, step):
+            shape = (min(step, piece.stop - start), *array.shape[1:])
+            rows = reader.read(array.offset + start * row_bytes, array.dtype, shape)
+            yield Block(piece, start, {name: rows})
 
 
 def npz_pieces(path: str, unit_bytes: int) -> list[Piece]:

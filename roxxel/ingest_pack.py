@@ -1,4 +1,4 @@
-"""Pack work units into shards: read, map, optionally shuffle, write; in N processes.
+"""Pack one work unit into shards: read, map, optionally shuffle, write.
 
 Each work unit is packed by one process from its description alone (paths and ranges):
 the process reads its input, applies the ``--map`` function, writes its own shards
@@ -12,26 +12,31 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
-import multiprocessing
 import os
-import queue
 import sys
-import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from roxxel.errors import ConfigError, RoxxelError
-from roxxel.ingest import BadRecords, Piece, ReadOptions, Record, WorkUnit, locate, read_unit
+from roxxel.errors import ConfigError
+from roxxel.ingest import (
+    BadRecords,
+    Block,
+    Piece,
+    ReadOptions,
+    Record,
+    WorkUnit,
+    locate,
+    read_unit,
+    read_unit_blocks,
+)
 from roxxel.ingest_parts import load_unit, remove_unit_files, shard_name, write_unit_marker
 from roxxel.ingest_schema import max_record_bytes, project_record
 from roxxel.manifest import ShardInfo
-from roxxel.schema import Schema
+from roxxel.schema import Ragged, Schema
 from roxxel.writer import ShardWriter
 
 __all__ = [
@@ -41,7 +46,6 @@ __all__ = [
     "map_fingerprint",
     "mapped_records",
     "pack_unit",
-    "run_units",
     "shuffle_units",
 ]
 
@@ -210,6 +214,51 @@ class _UnitWriter:
         if len(self.pending) >= BATCH_RECORDS:
             self.flush()
 
+    def write_block(self, block: Block) -> None:
+        """Write an array input's block a shard's worth at a time, ending shards at the same
+        records as `write` does; a part the writer refuses goes through `write` instead."""
+        self.flush()
+        sizes = self._record_bytes(block) if self.batch else None
+        if sizes is None:
+            for record, key in block.records():
+                self.write(record, block.piece, key)
+            self.flush()  # before the reader reuses the block's memory
+            return
+        ends, at = np.cumsum(sizes), 0
+        while at < block.num:
+            writer = self._writer()
+            limit = (int(ends[at - 1]) if at else 0) + self.config.shard_bytes - writer.num_bytes
+            stop = min(int(np.searchsorted(ends, limit, "left")) + 1, block.num)
+            part = block.take(at, stop)
+            try:
+                writer.write_batch(
+                    {n: Ragged(v, part.lengths[n]) if n in part.lengths else v
+                     for n, v in part.columns.items()}
+                )  # fmt: skip
+            except (KeyError, TypeError, ValueError):  # ConfigError is a ValueError
+                for record, key in part.records():
+                    self.write(record, part.piece, key)
+                self.flush()
+            else:
+                self.num_records += part.num
+                if writer.num_bytes >= self.config.shard_bytes:
+                    self.shards.append(writer.close())
+                    self.current = None
+            at = stop
+
+    def _record_bytes(self, block: Block) -> np.ndarray | None:
+        """Each record's bytes in a shard, or None when the block's columns are not the
+        schema's array fields (then `write` names what is wrong)."""
+        if set(block.columns) != set(self.fields):
+            return None
+        sizes = np.zeros(block.num, np.int64)
+        for name, field_ in self.fields.items():
+            if field_.kind != "array" or field_.is_variable != (name in block.lengths):
+                return None
+            lengths = block.lengths.get(name)
+            sizes += field_.unit_bytes if lengths is None else lengths * field_.unit_bytes
+        return sizes
+
     def flush(self) -> None:
         """Write the pending records as one batch (or one by one if the batch is refused)."""
         pending, self.pending, self.pending_bytes = self.pending, [], 0
@@ -274,8 +323,15 @@ def pack_unit(config: PackConfig, unit: WorkUnit) -> UnitResult:
     bad, dropped = BadRecords(), [0]
     writer = _UnitWriter(config, unit.index, bad)
     try:
-        for record, piece, key in mapped_records(unit, config, bad, dropped):
-            writer.write(record, piece, key)
+        blocks = None if config.map_spec or config.shuffle_seed is not None else (
+            read_unit_blocks(unit, config.read)
+        )  # fmt: skip
+        if blocks is not None:
+            for block in blocks:
+                writer.write_block(block)
+        else:
+            for record, piece, key in mapped_records(unit, config, bad, dropped):
+                writer.write(record, piece, key)
         shards = writer.close()
     except BaseException:
         writer.abort()
@@ -311,86 +367,3 @@ def shuffle_units(units: list[WorkUnit], seed: int | None) -> list[WorkUnit]:
         return units
     order = np.random.default_rng([seed]).permutation(len(units))
     return [WorkUnit(i, units[int(j)].pieces) for i, j in enumerate(order)]
-
-
-def run_units(config: PackConfig, units: list[WorkUnit], workers: int) -> Iterator[UnitResult]:
-    """Pack units, in this process (workers <= 1) or also in N - 1 worker processes; results
-    as they end. This process packs units too, so it works while the workers start.
-
-    A worker that dies (killed, out of memory) raises RoxxelError; finished units are kept.
-    """
-    if workers <= 1 or len(units) <= 1:
-        for unit in units:
-            yield pack_unit(config, unit)
-        return
-    todo = _Todo(units)
-    done: queue.Queue[UnitResult | BaseException | None] = queue.Queue(3 * len(units))
-    ctx = multiprocessing.get_context("forkserver")
-    # workers fork with the main module (which each would import again) and the packer loaded
-    ctx.set_forkserver_preload(["__main__", __name__])
-    num_procs = min(workers, len(units)) - 1
-    with ProcessPoolExecutor(num_procs, mp_context=ctx) as pool:
-        args = (pool, config, todo, done)
-        feeders = [threading.Thread(target=_feed, args=args) for _ in range(num_procs)]
-        for thread in feeders:
-            thread.start()
-        try:
-            while (unit := todo.take()) is not None:
-                yield pack_unit(config, unit)
-                yield from _drain(done, todo, block=False)
-            while todo.num_ended < num_procs:
-                yield from _drain(done, todo, block=True)
-        finally:
-            todo.stop()
-    for thread in feeders:
-        thread.join()
-
-
-class _Todo:
-    """The units left, taken one at a time by this process and the feeder threads."""
-
-    def __init__(self, units: list[WorkUnit]):
-        self.units, self.next, self.num_ended = units, 0, 0
-        self.lock = threading.Lock()
-
-    def take(self) -> WorkUnit | None:
-        with self.lock:
-            self.next += 1
-            return self.units[self.next - 1] if self.next <= len(self.units) else None
-
-    def stop(self) -> None:
-        with self.lock:
-            self.next = len(self.units)
-
-
-def _feed(pool: ProcessPoolExecutor, config: PackConfig, todo: _Todo, done: queue.Queue) -> None:
-    """Keep one worker process busy with units until none are left; results go to ``done``."""
-    try:
-        while (unit := todo.take()) is not None:
-            done.put(pool.submit(pack_unit, config, unit).result())
-    except BaseException as e:  # re-raised by the consumer, in the caller's thread
-        todo.stop()
-        done.put(e)
-    finally:
-        done.put(None)
-
-
-def _drain(done: queue.Queue, todo: _Todo, block: bool) -> Iterator[UnitResult]:
-    """Results posted so far (with ``block``, wait for one item first); None ends a feeder."""
-    while True:
-        try:
-            item = done.get(block=block)
-        except queue.Empty:
-            return
-        block = False
-        if item is None:
-            todo.num_ended += 1
-        elif isinstance(item, BrokenProcessPool):
-            raise RoxxelError(
-                f"pack: a worker process died ({item}); finished work units are kept (expected "
-                f"none to die: rerun the same command to resume)"
-            ) from None
-        elif isinstance(item, BaseException):
-            raise item
-        else:
-            yield item

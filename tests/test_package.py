@@ -35,6 +35,7 @@ LAYERS: list[set[str]] = [
     {"windows"},
     {"views", "ingest_parts", "device", "checkpoint", "pipeline"},
     {"steps", "ingest_pack"},
+    {"ingest_pool"},
     {"loader", "train", "cli_args"},
     {"cli_inspect", "cli_pack", "cli_plan"},
     {"cli"},

@@ -1,0 +1,106 @@
+"""The pack's process pool: fork when safe, units shared through one counter, JSON reports,
+workers' errors surfaced, an early exit leaves no process behind (a dead worker: see
+test_ingest_pack.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+
+import numpy as np
+
+from roxxel import ingest_pool
+from roxxel.cli import main
+from roxxel.errors import ConfigError, RoxxelError
+from roxxel.ingest import Input, plan_units
+from roxxel.ingest_pack import PackConfig
+from roxxel.ingest_pool import UnitPool, start_method
+from roxxel.ingest_units import BadRecords, ReadOptions
+
+
+def _corpus(path, n=300):
+    rng = np.random.default_rng(0)
+    rows = ({"tokens": rng.integers(0, 1000, rng.integers(1, 30)).tolist()} for _ in range(n))
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _files(root):
+    return {p.name: p.read_bytes() for p in sorted(root.glob("*.rxs"))}
+
+
+def test_fork_is_chosen_only_without_other_threads():
+    code = "from roxxel.ingest_pool import start_method; print(start_method())"
+    fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert fresh.stdout.strip() == ("fork" if sys.platform == "linux" else "forkserver")
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        assert start_method() == "forkserver"
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_a_forked_cli_pack_gives_the_bytes_of_one_process(tmp_path):
+    src = _corpus(tmp_path / "in.jsonl")
+    args = ["pack", str(src), "--field", "tokens:int32[]", "--unit-bytes", "2K", "--quiet"]
+    assert main([*args, "-o", str(tmp_path / "one")]) == 0
+    cmd = [sys.executable, "-m", "roxxel.cli", *args, "-o", str(tmp_path / "two"), "--workers", "2"]
+    subprocess.run(cmd, check=True, timeout=120)
+    assert _files(tmp_path / "one") == _files(tmp_path / "two") != {}
+
+
+def test_every_start_method_packs_each_unit_once(tmp_path, monkeypatch):
+    src = _corpus(tmp_path / "in.jsonl")
+    units = plan_units([Input(str(src), "jsonl")], 2048)
+    for method in ("forkserver", "spawn"):
+        monkeypatch.setattr(ingest_pool, "start_method", lambda m=method: m)
+        out = tmp_path / method
+        (out / ".roxxel-pack").mkdir(parents=True)  # what prepare_output makes
+        config = PackConfig(str(out), {"tokens": "int32[]"}, "f" * 32, ReadOptions())
+        with UnitPool(config, units, 3) as pool:
+            results = list(pool.results())
+        assert sorted(r.unit for r in results) == list(range(len(units))) and len(units) > 3
+        assert sum(r.num_records for r in results) == 300
+        assert all(isinstance(r.bad, BadRecords) for r in results)
+
+
+def test_a_workers_roxxel_error_keeps_its_class_and_message(tmp_path, capsys):
+    src = _corpus(tmp_path / "in.jsonl")
+    fails = tmp_path / "fails.py"
+    fails.write_text(
+        "import multiprocessing\n"
+        "def fn(record):\n"
+        "    if multiprocessing.parent_process() is not None:\n"
+        "        raise KeyError('only in a worker')\n"
+        "    return record\n"
+    )
+    out = tmp_path / "ds"
+    args = ["pack", str(src), "-o", str(out), "--field", "tokens:int32[]", "--quiet"]
+    code = main([*args, "--unit-bytes", "2K", "--workers", "2", "--map", f"{fails}:fn"])
+    err = capsys.readouterr().err
+    assert code == 1 and "raised KeyError: 'only in a worker'" in err and "in.jsonl:" in err
+    assert not (out / "manifest.json").exists()
+
+
+def test_errors_from_json_rebuild_roxxel_classes():
+    err = ingest_pool._error_from_json({"error": "ConfigError", "message": "x.jsonl:3: bad"})
+    assert type(err) is ConfigError and str(err) == "x.jsonl:3: bad"
+    other = ingest_pool._error_from_json({"error": "MemoryError", "message": ""})
+    assert type(other) is RoxxelError and "raised MemoryError" in str(other)
+
+
+def test_leaving_the_pool_early_stops_and_joins_the_workers(tmp_path):
+    src = _corpus(tmp_path / "in.jsonl", n=2000)
+    units = plan_units([Input(str(src), "jsonl")], 1024)
+    (tmp_path / ".roxxel-pack").mkdir()
+    config = PackConfig(str(tmp_path), {"tokens": "int32[]"}, "f" * 32, ReadOptions())
+    pool = UnitPool(config, units, 2)
+    procs = list(pool.procs)
+    with pool:
+        next(iter(pool.results()))
+    assert procs and not any(p.is_alive() for p in procs)

@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,arrow,json]'
+	$(PY) -m compileall -q roxxel  # an editable install leaves this to the first import
 	touch $(STAMP)
 
 # The main job: pack a real corpus every machine has offline, then train on it.

@@ -193,14 +193,21 @@ def run_in_process(args: list[str]) -> None:
 
 
 IN_PROCESS = "roxxel pack --workers 1, in process (roxxel.cli.main, imports warm)"
+IN_PROCESS_2 = "roxxel pack --workers 2, in process (roxxel.cli.main, imports warm, forked)"
 
 
 def roxxel_pack(p: dict, kind: str) -> list[ms.Metric]:
-    """roxxel pack in process (workers 1), then as a command with 1 and 2 workers; the pack
-    fsyncs each shard before its rename, and fsync_tree finds nothing left to flush."""
+    """roxxel pack in process with 1 and 2 workers, then as a command with 1 and 2 workers;
+    the pack fsyncs each shard before its rename, and fsync_tree finds nothing left to flush."""
     inputs = ensure_inputs(dg.SPECS[p.get("spec", "small")])
     in_process = lambda out: run_in_process(cli_args(inputs, kind, out, 1))  # noqa: E731
     rows = [pack_metric(kind, IN_PROCESS, in_process, p, "roxxel")]
+
+    def in_process_2(out: Path) -> None:
+        # forked, as the command's workers are ("auto" would see the memory sampler's thread)
+        run_in_process([*cli_args(inputs, kind, out, 2), "--start-method", "fork"])
+
+    rows.append(pack_metric(kind, IN_PROCESS_2, in_process_2, p, "roxxel"))
     for workers in (1, 2):
 
         def write(out: Path, w: int = workers) -> None:

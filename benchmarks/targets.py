@@ -37,6 +37,7 @@ class Target:
 RX, MM = "roxxel", "megatron-memmap"
 PACK_PEERS = ("grain", "roxxel 0.9.14", "mosaicml-streaming")
 PACK_W1 = "roxxel pack --workers 1, in process"
+PACK_W2 = "roxxel pack --workers 2, in process"
 TARGETS: tuple[Target, ...] = (
     Target(
         2,
@@ -168,17 +169,31 @@ TARGETS: tuple[Target, ...] = (
     ),
     Target(
         5,
-        "roxxel pack of the JSONL corpus: --workers 2 vs --workers 1 (2 cores)",
+        "roxxel pack of the JSONL corpus: --workers 2 vs --workers 1 (2 cores), new CLI processes",
         1.8,
-        (RX, "pack_lm", "roxxel pack --workers 2"),
+        (RX, "pack_lm", "roxxel pack --workers 2 (a new"),
         (RX, "pack_lm", "roxxel pack --workers 1 (a new"),
     ),
     Target(
         5,
-        "roxxel pack of the .npy images: --workers 2 vs --workers 1 (2 cores)",
+        "roxxel pack of the JSONL corpus: --workers 2 vs --workers 1 (2 cores), in process",
         1.8,
-        (RX, "pack_images", "roxxel pack --workers 2"),
+        (RX, "pack_lm", PACK_W2),
+        (RX, "pack_lm", PACK_W1),
+    ),
+    Target(
+        5,
+        "roxxel pack of the .npy images: --workers 2 vs --workers 1 (2 cores), new CLI processes",
+        1.8,
+        (RX, "pack_images", "roxxel pack --workers 2 (a new"),
         (RX, "pack_images", "roxxel pack --workers 1 (a new"),
+    ),
+    Target(
+        5,
+        "roxxel pack of the .npy images: --workers 2 vs --workers 1 (2 cores), in process",
+        1.8,
+        (RX, "pack_images", PACK_W2),
+        (RX, "pack_images", PACK_W1),
     ),
     Target(
         6,

@@ -37,7 +37,7 @@ from roxxel.ingest_pack import (
     shuffle_units,
 )
 from roxxel.ingest_parts import PackPlan, finalize, merge, prepare_output
-from roxxel.ingest_pool import UnitPool
+from roxxel.ingest_pool import START_METHODS, UnitPool
 from roxxel.schema import Schema
 from roxxel.writer import parse_compress
 
@@ -81,6 +81,12 @@ def add_pack_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--float-dtype", default="float64", help="inferred dtype of floats (float64)")
     p.add_argument("--map", metavar="MODULE:FUNCTION", help="per-record function; None drops")
     p.add_argument("--workers", type=int, default=1, metavar="N", help="processes (default 1)")
+    p.add_argument(
+        "--start-method",
+        choices=START_METHODS,
+        default="auto",
+        help="how workers start (default auto: fork when no other thread runs, else forkserver)",
+    )
     p.add_argument("--compress", action="append", default=[], metavar="FIELD=zstd[:LEVEL]")
     p.add_argument(
         "--shard-bytes",
@@ -223,8 +229,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, config: PackConfig, units: list[WorkUnit]) -> list[UnitResult]:
     results: list[UnitResult] = []
     records = 0
-    # the pool's processes start before the bar's monitor thread does, so they can be forked
-    with UnitPool(config, units, args.workers) as pool, _bar(args, units) as bar:
+    pool = UnitPool(config, units, args.workers, args.start_method)
+    with pool, _bar(args, units) as bar:
         for result in pool.results():
             results.append(result)
             records += result.num_records
@@ -234,8 +240,12 @@ def _run(args: argparse.Namespace, config: PackConfig, units: list[WorkUnit]) ->
     return results
 
 
+class _Bar(tqdm):
+    monitor_interval = 0  # no monitor thread: it would outlive the pack and rule out fork
+
+
 def _bar(args: argparse.Namespace, units: list[WorkUnit]) -> tqdm:
-    return tqdm(
+    return _Bar(
         total=sum(u.num_bytes for u in units), unit="B", unit_scale=True, unit_divisor=1024,
         file=sys.stderr, disable=args.quiet or not sys.stderr.isatty(), desc="pack",
     )  # fmt: skip

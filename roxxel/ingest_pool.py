@@ -9,7 +9,7 @@ Workers are forked when that is safe, which costs milliseconds: on Linux, with n
 Python thread running (a progress bar's monitor, say) and no JAX, PyTorch or TensorFlow
 loaded. Otherwise a fork could copy a lock that another thread holds and never releases,
 so the workers start from a forkserver instead (a fresh interpreter: about 0.3 s). Native
-pools that mark themselves fork-safe (OpenBLAS, Hugging Face tokenizers) do not count.
+thread pools that handle a fork themselves (OpenBLAS's, under numpy) are not counted.
 """
 
 from __future__ import annotations
@@ -24,14 +24,15 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from roxxel import errors
-from roxxel.errors import RoxxelError
+from roxxel.errors import ConfigError, RoxxelError
 from roxxel.ingest import BadRecords, ReadOptions, WorkUnit
 from roxxel.ingest_pack import PackConfig, UnitResult, pack_unit
 
-__all__ = ["UnitPool", "run_units", "start_method"]
+__all__ = ["START_METHODS", "UnitPool", "run_units", "start_method"]
 
 JOIN_SECONDS = 60.0  # a stopped worker ends its current unit first
 FORK_UNSAFE = ("jax", "torch", "tensorflow")  # their thread pools do not survive a fork
+START_METHODS = ("auto", "fork", "forkserver", "spawn")
 
 
 def start_method() -> str:
@@ -46,14 +47,21 @@ class UnitPool:
     """Packs ``units`` with ``workers`` processes in all; iterate `results` as units end.
 
     The worker processes start in the constructor: make the pool before starting threads
-    (a progress bar, say) so that they can be forked. Use it as a context manager; leaving
+    (a progress bar, say) so that they can be forked. ``method`` "auto" picks
+    `start_method`; "fork", "forkserver" or "spawn" overrule it (the caller vouches that
+    its threads survive a fork). Use it as a context manager; leaving
     it early stops the workers after their current unit (finished units are kept).
     """
 
-    def __init__(self, config: PackConfig, units: list[WorkUnit], workers: int):
+    def __init__(
+        self, config: PackConfig, units: list[WorkUnit], workers: int, method: str = "auto"
+    ):
         self.config, self.units = config, units
         num_procs = max(0, min(workers, len(units)) - 1)
-        ctx: Any = multiprocessing.get_context(start_method() if num_procs else "fork")
+        if method not in START_METHODS:
+            raise ConfigError(f"start method {method!r} (expected one of {START_METHODS})")
+        self.method = start_method() if method == "auto" else method
+        ctx: Any = multiprocessing.get_context(self.method)
         if ctx.get_start_method() == "forkserver":
             # the workers' template process loads the packer (and the caller's main module,
             # which a --map function may live in) once
@@ -124,9 +132,11 @@ class UnitPool:
         self.close()
 
 
-def run_units(config: PackConfig, units: list[WorkUnit], workers: int) -> Iterator[UnitResult]:
+def run_units(
+    config: PackConfig, units: list[WorkUnit], workers: int, method: str = "auto"
+) -> Iterator[UnitResult]:
     """Pack units with ``workers`` processes in all; results as they end."""
-    with UnitPool(config, units, workers) as pool:
+    with UnitPool(config, units, workers, method) as pool:
         yield from pool.results()
 
 

@@ -367,6 +367,7 @@ def test_pack_targets_compare_with_the_fastest_peer_and_the_speedup():
     mb = "MB/s"
     rows = [
         table.Row("roxxel", "pack_lm", pack.IN_PROCESS, 30.0, mb),
+        table.Row("roxxel", "pack_lm", pack.IN_PROCESS_2, 36.0, mb),
         table.Row("roxxel", "pack_lm", "roxxel pack --workers 1 (a new CLI process)", 20.0, mb),
         table.Row("roxxel", "pack_lm", "roxxel pack --workers 2 (a new CLI process)", 38.0, mb),
         table.Row("grain", "pack_lm", "ArrayRecordWriter", 25.0, mb),
@@ -377,7 +378,11 @@ def test_pack_targets_compare_with_the_fastest_peer_and_the_speedup():
     assert (
         "JSONL corpus, 1 worker, vs the fastest peer writer | >= 1x | 0.75x | **missed** |" in text
     )
-    assert "JSONL corpus: --workers 2 vs --workers 1 (2 cores) | >= 1.8x | 1.90x | met |" in text
+    new_processes = "--workers 2 vs --workers 1 (2 cores), new CLI processes"
+    assert f"JSONL corpus: {new_processes} | >= 1.8x | 1.90x | met |" in text
+    assert (
+        "JSONL corpus: --workers 2 vs --workers 1 (2 cores), in process | >= 1.8x | 1.20x |" in text
+    )
     assert ".npy images, 1 worker, vs the fastest peer writer | >= 1x | — | — |" in text
 
 

@@ -10,6 +10,7 @@ import sys
 import threading
 
 import numpy as np
+import pytest
 
 from roxxel import ingest_pool
 from roxxel.cli import main
@@ -87,6 +88,14 @@ def test_a_workers_roxxel_error_keeps_its_class_and_message(tmp_path, capsys):
     assert not (out / "manifest.json").exists()
 
 
+def test_an_unknown_start_method_is_refused(tmp_path, capsys):
+    with pytest.raises(ConfigError, match="start method 'thread'"):
+        UnitPool(PackConfig(str(tmp_path), {}, ""), [], 2, "thread")
+    src = _corpus(tmp_path / "in.jsonl")
+    code = main(["pack", str(src), "-o", str(tmp_path / "ds"), "--start-method", "thread"])
+    assert code == 2 and "invalid choice: 'thread'" in capsys.readouterr().err
+
+
 def test_errors_from_json_rebuild_roxxel_classes():
     err = ingest_pool._error_from_json({"error": "ConfigError", "message": "x.jsonl:3: bad"})
     assert type(err) is ConfigError and str(err) == "x.jsonl:3: bad"
@@ -104,3 +113,11 @@ def test_leaving_the_pool_early_stops_and_joins_the_workers(tmp_path):
     with pool:
         next(iter(pool.results()))
     assert procs and not any(p.is_alive() for p in procs)
+
+
+def test_a_pack_leaves_no_thread_behind(tmp_path):
+    """No progress-bar monitor either: a second pack in this process may still fork."""
+    src = _corpus(tmp_path / "in.jsonl")
+    before = threading.active_count()
+    assert main(["pack", str(src), "-o", str(tmp_path / "ds"), "--field", "tokens:int32[]"]) == 0
+    assert threading.active_count() == before

@@ -72,9 +72,11 @@ class UnitPool:
         plan = json.dumps([u.to_json() for u in units])
         for _ in range(num_procs):
             receive, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(
-                target=_work, args=(_config_json(config), plan, self.counter, send), daemon=True
-            )
+            # a forked child closes its copies of the earlier workers' read ends, so that a
+            # worker whose main process is gone finds its pipe broken
+            inherited = list(self.pipes) if self.method == "fork" else []
+            args = (_config_json(config), plan, self.counter, send, inherited)
+            proc = ctx.Process(target=_work, args=args)
             proc.start()
             send.close()
             self.pipes.append(receive)
@@ -149,8 +151,12 @@ def _take(counter: Any, num_units: int) -> int | None:
     return index
 
 
-def _work(config_json: str, plan: str, counter: Any, pipe: Connection) -> None:
+def _work(
+    config_json: str, plan: str, counter: Any, pipe: Connection, inherited: list[Connection]
+) -> None:
     """A worker process: pack units until none is left, reporting each on ``pipe``."""
+    for other in inherited:
+        other.close()
     units = [WorkUnit.from_json(u) for u in json.loads(plan)]
     try:
         config = _config_from_json(config_json)

@@ -144,14 +144,15 @@ def write_results(
 ) -> None:
     """The markdown report and a JSON twin with every row."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_report(rows, header, versions, summary(rows)))
+    out.write_text(render_report(rows, header, versions, summary(rows, header)))
     raw = {"header": header, "versions": versions, "rows": [r.to_json() for r in rows]}
     out.with_suffix(".json").write_text(json.dumps(raw, indent=1) + "\n")
 
 
-def summary(rows: list[Row]) -> str:
+def summary(rows: list[Row], header: dict[str, str]) -> str:
     """The issues' speed targets, checked against this run."""
-    return "## Targets from the issues\n\n" + render_targets(rows)
+    spec = header["mode"].rpartition("--spec ")[2]
+    return "## Targets from the issues\n\n" + render_targets(rows, spec)
 
 
 def update_readme(rows: list[Row], header: dict[str, str], out: Path) -> None:
@@ -167,7 +168,7 @@ def update_readme(rows: list[Row], header: dict[str, str], out: Path) -> None:
     if "--peers" not in header["mode"] and peers:
         last = _rel(peers[-1])
         lines.append(f"The latest side-by-side run with the peers: [{last}]({last}).")
-    tables = f"{summary(rows)}\n## Tables\n\n{render_sections(rows)}"
+    tables = f"{summary(rows, header)}\n## Tables\n\n{render_sections(rows)}"
     block = f"{MARK_START}\n" + "\n".join(lines) + f"\n\n{tables}{MARK_END}"
     head, rest = text.split(MARK_START, 1)
     README.write_text(head + block + rest.split(MARK_END, 1)[1])

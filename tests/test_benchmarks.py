@@ -384,6 +384,9 @@ def test_pack_targets_compare_with_the_fastest_peer_and_the_speedup():
         "JSONL corpus: --workers 2 vs --workers 1 (2 cores), in process | >= 1.8x | 1.20x |" in text
     )
     assert ".npy images, 1 worker, vs the fastest peer writer | >= 1x | — | — |" in text
+    small = targets.render_targets(rows, "small")
+    assert f"JSONL corpus: {new_processes} | >= 1.8x | 1.90x | — (judged at --full) |" in small
+    assert "vs the fastest peer writer | >= 1x | 0.75x | **missed** |" in small
 
 
 def test_steptime_doctests_pass():

@@ -104,7 +104,7 @@ def _pinned_row(jax, dev, host: np.ndarray, seconds: float) -> dict:
     """Host array staged once in pinned host memory, then copied to the device each call."""
     from jax.sharding import SingleDeviceSharding
 
-    name = "pinned_host staging -> device"
+    name = "pinned_host -> device (the pinned copy made once, untimed)"
     try:
         pinned = jax.device_put(host, SingleDeviceSharding(dev, memory_kind="pinned_host"))
         target = SingleDeviceSharding(dev, memory_kind="device")

@@ -56,7 +56,7 @@ BATCH_RECORDS = 256  # records per ShardWriter.write_batch call
 
 @dataclass(frozen=True, slots=True)
 class PackConfig:
-    """Everything a worker needs to pack a unit; plain values, so it pickles to workers."""
+    """Everything a worker needs to pack a unit: plain values, sent to workers as JSON."""
 
     out_dir: str
     schema: dict[str, str]
@@ -323,9 +323,8 @@ def pack_unit(config: PackConfig, unit: WorkUnit) -> UnitResult:
     bad, dropped = BadRecords(), [0]
     writer = _UnitWriter(config, unit.index, bad)
     try:
-        blocks = None if config.map_spec or config.shuffle_seed is not None else (
-            read_unit_blocks(unit, config.read)
-        )  # fmt: skip
+        records_only = config.map_spec is not None or config.shuffle_seed is not None
+        blocks = None if records_only else read_unit_blocks(unit, config.read)
         if blocks is not None:
             for block in blocks:
                 writer.write_block(block)

@@ -15,7 +15,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from roxxel.errors import ConfigError
-from roxxel.ingest_arrow import arrow_pieces, hf_files, parquet_pieces, read_arrow, read_parquet
+from roxxel.ingest_arrow import (
+    arrow_pieces,
+    hf_files,
+    parquet_pieces,
+    read_arrow,
+    read_arrow_blocks,
+    read_parquet,
+    read_parquet_blocks,
+)
 from roxxel.ingest_megatron import idx_path, megatron_pieces, read_megatron, read_megatron_blocks
 from roxxel.ingest_numpy import npy_pieces, npz_pieces, read_npy, read_npy_blocks, read_npz
 from roxxel.ingest_schema import infer_schema
@@ -81,6 +89,8 @@ READERS: dict[str, Reader] = {
 BLOCK_READERS: dict[str, Callable[[Piece, ReadOptions], Iterator[Block]]] = {
     "npy": read_npy_blocks,
     "megatron": read_megatron_blocks,
+    "parquet": read_parquet_blocks,
+    "arrow": read_arrow_blocks,
 }
 
 
@@ -192,7 +202,7 @@ def read_unit(
 
 
 def read_unit_blocks(unit: WorkUnit, opts: ReadOptions) -> Iterator[Block] | None:
-    """A unit's records as `Block` s, when every piece is of an array format; else None."""
+    """A unit's records as `Block` s, when every piece's format has a block reader."""
     if not all(p.format in BLOCK_READERS for p in unit.pieces):
         return None
     return (block for p in unit.pieces for block in BLOCK_READERS[p.format](p, opts))

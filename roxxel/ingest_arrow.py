@@ -19,9 +19,25 @@ from typing import Any
 import numpy as np
 
 from roxxel.errors import ConfigError
-from roxxel.ingest_units import BadRecords, Piece, ReadOptions, Record, check_range, row_pieces
+from roxxel.ingest_units import (
+    BadRecords,
+    Block,
+    Piece,
+    ReadOptions,
+    Record,
+    check_range,
+    row_pieces,
+)
 
-__all__ = ["arrow_pieces", "hf_files", "parquet_pieces", "read_arrow", "read_parquet"]
+__all__ = [
+    "arrow_pieces",
+    "hf_files",
+    "parquet_pieces",
+    "read_arrow",
+    "read_arrow_blocks",
+    "read_parquet",
+    "read_parquet_blocks",
+]
 
 
 def _pyarrow() -> ModuleType:
@@ -49,6 +65,19 @@ def parquet_pieces(path: str, unit_bytes: int) -> list[Piece]:
 def read_parquet(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterator[tuple[Record, int]]:
     """Yield one record per row of the piece's row groups, with the row number in the file."""
     del opts, bad
+    for pa, batch, first in _parquet_batches(piece):
+        yield from _batch_records(pa, batch, piece.path, first)
+
+
+def read_parquet_blocks(piece: Piece, opts: ReadOptions) -> Iterator[Block]:
+    """The rows of `read_parquet` as one `Block` per record batch."""
+    del opts
+    for pa, batch, first in _parquet_batches(piece):
+        yield _batch_block(pa, batch, piece, first)
+
+
+def _parquet_batches(piece: Piece) -> Iterator[tuple[ModuleType, Any, int]]:
+    """The piece's record batches, each with the file row number of its first row."""
     pa = _pyarrow()
     reader = pa.parquet.ParquetFile(piece.path)
     meta = reader.metadata
@@ -56,7 +85,7 @@ def read_parquet(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterator[t
     first = sum(meta.row_group(g).num_rows for g in range(piece.start))
     for g in range(piece.start, piece.stop):
         for batch in reader.read_row_group(g).to_batches():
-            yield from _batch_records(pa, batch, piece.path, first)
+            yield pa, batch, first
             first += batch.num_rows
 
 
@@ -80,6 +109,19 @@ def arrow_pieces(path: str, unit_bytes: int) -> list[Piece]:
 def read_arrow(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterator[tuple[Record, int]]:
     """Yield one record per row, with the row number in the file."""
     del opts, bad
+    for pa, batch, first in _arrow_batches(piece):
+        yield from _batch_records(pa, batch, piece.path, first)
+
+
+def read_arrow_blocks(piece: Piece, opts: ReadOptions) -> Iterator[Block]:
+    """The rows of `read_arrow` as one `Block` per record batch."""
+    del opts
+    for pa, batch, first in _arrow_batches(piece):
+        yield _batch_block(pa, batch, piece, first)
+
+
+def _arrow_batches(piece: Piece) -> Iterator[tuple[ModuleType, Any, int]]:
+    """The piece's record batches, each with the file row number of its first row."""
     pa = _pyarrow()
     reader = _open_file(pa, piece.path)
     first = 0
@@ -93,7 +135,7 @@ def read_arrow(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterator[tup
         first = sum(reader.get_batch(b).num_rows for b in range(piece.start))
         batches = (reader.get_batch(b) for b in range(piece.start, piece.stop))
     for batch in batches:
-        yield from _batch_records(pa, batch, piece.path, first)
+        yield pa, batch, first
         first += batch.num_rows
 
 
@@ -108,12 +150,42 @@ def _batch_records(
         yield {n: c[i] for n, c in zip(names, columns, strict=True)}, first + i
 
 
-def _column(pa: ModuleType, col: Any, where: str, first: int) -> Any:
-    """Per-row values of one column: numpy scalars, 1-D views, str or bytes."""
-    t = col.type
+def _batch_block(pa: ModuleType, batch: Any, piece: Piece, first: int) -> Block:
+    """A record batch as a `Block`: lists of numbers as their values and lengths, numbers
+    as arrays, any other column as `_column`'s per-row values."""
+    columns: dict[str, Any] = {}
+    lengths: dict[str, np.ndarray] = {}
+    for i, name in enumerate(batch.schema.names):
+        col = batch.column(i)
+        if _is_number_list(pa, col):
+            _check_nulls(col, f"{piece.path}: field {name!r}", first)
+            offsets = col.offsets.to_numpy()
+            flat = col.values.to_numpy(zero_copy_only=False)
+            columns[name] = flat[int(offsets[0]) : int(offsets[-1])]
+            lengths[name] = np.diff(offsets)
+        else:
+            columns[name] = _column(pa, col, f"{piece.path}: field {name!r}", first)
+    return Block(piece, first, columns, lengths)
+
+
+def _is_number_list(pa: ModuleType, col: Any) -> bool:
+    types = pa.types
+    if not (types.is_list(col.type) or types.is_large_list(col.type)):
+        return False
+    child = col.type.value_type
+    return (types.is_integer(child) or types.is_floating(child)) and col.values.null_count == 0
+
+
+def _check_nulls(col: Any, where: str, first: int) -> None:
     if col.null_count:
         row = first + int(np.argmax(col.is_null().to_numpy(zero_copy_only=False)))
         raise ConfigError(f"{where}: row {row}: null (expected a value in every row)")
+
+
+def _column(pa: ModuleType, col: Any, where: str, first: int) -> Any:
+    """Per-row values of one column: numpy scalars, 1-D views, str or bytes."""
+    t = col.type
+    _check_nulls(col, where, first)
     types = pa.types
     if types.is_integer(t) or types.is_floating(t) or types.is_boolean(t):
         return col.to_numpy(zero_copy_only=False)
@@ -124,12 +196,10 @@ def _column(pa: ModuleType, col: Any, where: str, first: int) -> Any:
         or types.is_large_binary(t)
     ):
         return col.to_pylist()
-    if types.is_list(t) or types.is_large_list(t):
-        child = t.value_type
-        if (types.is_integer(child) or types.is_floating(child)) and col.values.null_count == 0:
-            offsets = col.offsets.to_numpy()
-            flat = col.values.to_numpy(zero_copy_only=False)
-            return [flat[a:b] for a, b in itertools.pairwise(offsets.tolist())]
+    if _is_number_list(pa, col):
+        offsets = col.offsets.to_numpy()
+        flat = col.values.to_numpy(zero_copy_only=False)
+        return [flat[a:b] for a, b in itertools.pairwise(offsets.tolist())]
     if types.is_list(t) or types.is_large_list(t) or types.is_fixed_size_list(t):
         return [np.asarray(v) for v in col.to_pylist()]
     raise ConfigError(

@@ -232,8 +232,8 @@ class _UnitWriter:
             part = block.take(at, stop)
             try:
                 writer.write_batch(
-                    {n: Ragged(v, part.lengths[n]) if n in part.lengths else v
-                     for n, v in part.columns.items()}
+                    {n: Ragged(part.columns[n], part.lengths[n]) if n in part.lengths
+                     else part.columns[n] for n in self.fields}
                 )  # fmt: skip
             except (KeyError, TypeError, ValueError):  # ConfigError is a ValueError
                 for record, key in part.records():
@@ -247,13 +247,15 @@ class _UnitWriter:
             at = stop
 
     def _record_bytes(self, block: Block) -> np.ndarray | None:
-        """Each record's bytes in a shard, or None when the block's columns are not the
-        schema's array fields (then `write` names what is wrong)."""
-        if set(block.columns) != set(self.fields):
-            return None
+        """Each record's bytes in a shard, or None unless every field of the schema is an
+        array column of the block shaped like the field (else `write` takes each record,
+        and names what is wrong, if anything is)."""
         sizes = np.zeros(block.num, np.int64)
         for name, field_ in self.fields.items():
-            if field_.kind != "array" or field_.is_variable != (name in block.lengths):
+            column = block.columns.get(name)
+            if field_.kind != "array" or not isinstance(column, np.ndarray):
+                return None
+            if field_.is_variable != (name in block.lengths):
                 return None
             lengths = block.lengths.get(name)
             sizes += field_.unit_bytes if lengths is None else lengths * field_.unit_bytes

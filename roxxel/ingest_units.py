@@ -76,7 +76,8 @@ class Block:
     """Consecutive records of one piece of an array input, as whole columns.
 
     ``columns[name]`` holds the records' values back to back: one row per record, or for a
-    variable-length value ``lengths[name][i]`` rows for record i. ``first`` is the key (row,
+    variable-length value ``lengths[name][i]`` rows for record i. A column the input cannot
+    give as one array (strings, say) is a list with one value per record. ``first`` is the key (row,
     sequence) of the first record. A packer writes a block with one call where a record
     at a time would cost a Python loop per record. A reader may reuse a block's memory for
     its next block: use each block up before asking for the next.
@@ -84,7 +85,7 @@ class Block:
 
     piece: Piece
     first: int
-    columns: dict[str, np.ndarray]
+    columns: dict[str, Any]
     lengths: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property

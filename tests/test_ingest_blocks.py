@@ -6,6 +6,8 @@ from __future__ import annotations
 import struct
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import roxxel
@@ -134,3 +136,76 @@ def test_range_reader_refuses_a_file_that_got_shorter(tmp_path):
         assert reader.read(10, np.dtype(np.uint8), (2, 3)).tolist() == [[10, 11, 12], [13, 14, 15]]
         with pytest.raises(ConfigError, match=r"f\.bin: offset 100: file ends"):
             reader.read(96, np.dtype("<i4"), (2,))
+
+
+# ---- Arrow family: one block per record batch --------------------------------------------
+
+
+def _token_table(n=300):
+    rng = np.random.default_rng(2)
+    tokens = [rng.integers(0, 50000, rng.integers(0, 60)).tolist() for _ in range(n)]
+    return pa.table(
+        {
+            "input_ids": pa.array(tokens, pa.large_list(pa.int32())),
+            "text": [f"doc {i}" for i in range(n)],
+            "label": pa.array(range(n), pa.int64()),
+            "patch": pa.array([[i, -i] for i in range(n)], pa.list_(pa.int16(), 2)),
+        }
+    )
+
+
+def _write_arrow_inputs(tmp_path, table):
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=70)
+    with pa.ipc.new_file(str(tmp_path / "f.arrow"), table.schema) as w:
+        for batch in table.to_batches(max_chunksize=50):
+            w.write_batch(batch)
+    with pa.ipc.new_stream(str(tmp_path / "s.arrow"), table.schema) as w:
+        w.write_table(table.slice(7))  # a sliced table: list offsets start past 0
+    return ["t.parquet", "f.arrow", "s.arrow"]
+
+
+SCHEMAS = {
+    "arrays": ("--field", "input_ids:int32[]", "--field", "label:int64"),
+    "fixed": ("--field", "patch:int16[2]", "--field", "input_ids:int64[]"),
+    "with a string": ("--field", "input_ids:int32[]", "--field", "text:str"),
+}
+
+
+@pytest.mark.parametrize("schema", sorted(SCHEMAS))
+def test_arrow_blocks_write_the_bytes_of_the_record_path(tmp_path, schema):
+    table = _token_table()
+    for name in _write_arrow_inputs(tmp_path, table):
+        src = tmp_path / name
+        args = (*SCHEMAS[schema], "--shard-bytes", "3000", "--unit-bytes", "2K")
+        assert _pack(src, tmp_path / f"{name}-blocks", *args) == 0
+        ident = ("--map", _identity_map(tmp_path))
+        assert _pack(src, tmp_path / f"{name}-records", *args, *ident) == 0
+        blocks = _files(tmp_path / f"{name}-blocks")
+        assert blocks == _files(tmp_path / f"{name}-records") and len(blocks) > 1, name
+        got = roxxel.open_dataset(tmp_path / f"{name}-blocks")
+        skip = 7 if name == "s.arrow" else 0
+        want = table.column("input_ids").to_pylist()[skip:]
+        assert [got[i]["input_ids"].tolist() for i in range(len(got))] == want, name
+
+
+def test_arrow_block_errors_name_the_row(tmp_path, capsys):
+    tokens = [[1, 2], [3, 70000], [4]]
+    pq.write_table(pa.table({"t": pa.array(tokens, pa.list_(pa.int64()))}), tmp_path / "a.parquet")
+    assert _pack(tmp_path / "a.parquet", tmp_path / "out", "--field", "t:uint16[]") == 1
+    err = capsys.readouterr().err
+    assert "a.parquet: row 1" in err and "70000" in err
+    nulls = pa.table({"t": pa.array([[1], None, [2]], pa.list_(pa.int64()))})
+    pq.write_table(nulls, tmp_path / "n.parquet")
+    assert _pack(tmp_path / "n.parquet", tmp_path / "out2", "--field", "t:int64[]") == 1
+    assert "field 't': row 1: null" in capsys.readouterr().err
+
+
+def test_a_sliced_list_column_gives_only_its_own_values():
+    from roxxel.ingest_arrow import _batch_block
+
+    lists = pa.array([[1, 2], [3], [4, 5, 6]], pa.list_(pa.int32()))
+    batch = pa.record_batch({"t": lists, "s": ["a", "b", "c"]}).slice(1)
+    block = _batch_block(pa, batch, Piece("x.arrow", "arrow", 0, 1, 0), 1)
+    assert block.columns["t"].tolist() == [3, 4, 5, 6] and block.lengths["t"].tolist() == [1, 3]
+    assert block.columns["s"] == ["b", "c"]
+    assert [(r["t"].tolist(), k) for r, k in block.records()] == [([3], 1), ([4, 5, 6], 2)]

@@ -12,6 +12,7 @@ from roxxel import ingest_pack
 from roxxel.cli import main
 from roxxel.ingest_schema import max_record_bytes, project_record
 from roxxel.schema import Schema
+from tests.test_ingest_pool import WORKER_ONLY
 
 FIELDS = ["--field", "id:int64", "--field", "tokens:uint16[]", "--field", "text:str"]
 
@@ -96,13 +97,7 @@ def test_workers_share_units_with_this_process_and_give_the_same_bytes(tmp_path)
 def test_a_dead_worker_process_stops_the_pack_with_a_message(tmp_path, capsys):
     src = _corpus(tmp_path / "in.jsonl", n=400)
     killer = tmp_path / "killer.py"
-    killer.write_text(
-        "import multiprocessing, os\n"
-        "def fn(record):\n"
-        "    if multiprocessing.parent_process() is not None:\n"
-        "        os._exit(3)\n"
-        "    return record\n"
-    )
+    killer.write_text(WORKER_ONLY.format(mark=str(tmp_path / "mark"), act="os._exit(3)"))
     out = tmp_path / "ds"
     code = _pack(src, out, "--unit-bytes", "4K", "--workers", 2, "--map", f"{killer}:fn")
     assert code == 1 and "a worker process died" in capsys.readouterr().err

@@ -70,15 +70,28 @@ def test_every_start_method_packs_each_unit_once(tmp_path, monkeypatch):
         assert all(isinstance(r.bad, BadRecords) for r in results)
 
 
+# A --map that does `act` in a worker process; the main process waits (up to 30 s) until a
+# worker has started a unit, so that it cannot pack every unit itself first.
+WORKER_ONLY = """
+import multiprocessing, os, time
+
+def fn(record):
+    if multiprocessing.parent_process() is not None:
+        open({mark!r}, "w").close()
+        {act}
+    for _ in range(3000):
+        if os.path.exists({mark!r}):
+            break
+        time.sleep(0.01)
+    return record
+"""
+
+
 def test_a_workers_roxxel_error_keeps_its_class_and_message(tmp_path, capsys):
     src = _corpus(tmp_path / "in.jsonl")
     fails = tmp_path / "fails.py"
     fails.write_text(
-        "import multiprocessing\n"
-        "def fn(record):\n"
-        "    if multiprocessing.parent_process() is not None:\n"
-        "        raise KeyError('only in a worker')\n"
-        "    return record\n"
+        WORKER_ONLY.format(mark=str(tmp_path / "mark"), act="raise KeyError('only in a worker')")
     )
     out = tmp_path / "ds"
     args = ["pack", str(src), "-o", str(out), "--field", "tokens:int32[]", "--quiet"]

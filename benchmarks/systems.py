@@ -51,8 +51,9 @@ PACK = ("pack_lm", "pack_images")
 COLD_TRAIN = ("train_images_cold",)
 # roxxel alone: a train step fed by the Loader, and memory over an epoch (issue 3).
 TRAIN_ONLY = ("train_step", "train_memory")
-# roxxel alone: the memory and verification claims of the format issue (2).
-FORMAT_ONLY = ("open_memory", "verify_cost")
+# roxxel alone: the memory and verification claims of the format issue (2), and the pack's
+# block path against its record path (5).
+FORMAT_ONLY = ("open_memory", "verify_cost", "pack_paths")
 BASELINE = System(
     "megatron-memmap",
     "baseline_worker.py",

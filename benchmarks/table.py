@@ -19,6 +19,7 @@ WORKLOADS: dict[str, str] = {
     "write_images": "Pack/write: images (MB/s of payload)",
     "pack_lm": "Pack: token-id JSONL corpus -> dataset, from the file (MB/s of int32 payload)",
     "pack_images": "Pack: .npy image set -> dataset, from the file (MB/s of pixel payload)",
+    "pack_paths": "Pack of array inputs: the block path vs the record path (MB/s of payload)",
     "read_single": "Random single-record reads (image records, warm)",
     "read_batch_warm": "Batched random reads, warm cache (256 image records per batch)",
     "read_batch_cold": "Batched random reads, cold cache (posix_fadvise DONTNEED)",

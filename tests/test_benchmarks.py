@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 import roxxel
@@ -22,6 +23,7 @@ from benchmarks import (
     measure,
     megatron,
     pack,
+    pack_paths,
     run,
     steptime,
     systems,
@@ -332,6 +334,20 @@ def test_pack_inputs_are_generated_once_per_spec(pack_inputs):
     before = pack_inputs.jsonl.stat().st_mtime_ns
     again = pack.ensure_inputs(SMALL)
     assert again == pack_inputs and again.jsonl.stat().st_mtime_ns == before
+
+
+def test_pack_paths_inputs_hold_the_same_tokens(pack_inputs, monkeypatch):
+    monkeypatch.setitem(datagen.SPECS, SMALL.name, SMALL)
+    inputs = pack_paths._inputs(SMALL)
+    want = np.concatenate(list(datagen.iter_documents(SMALL, max_tokens=pack.pack_tokens(SMALL))))
+    megatron_bin, _, tokens = inputs["Megatron .bin/.idx"]
+    assert np.array_equal(np.fromfile(megatron_bin, np.int32), want) and tokens == want.nbytes
+    parquet, _, rows = next(v for k, v in inputs.items() if k.startswith("Parquet"))
+    ids = pq.read_table(parquet).column("ids").combine_chunks()
+    assert np.array_equal(ids.flatten().to_numpy(), want[: rows // 4]) and rows % 512 == 0
+    metrics = pack_paths.pack_paths({"spec": SMALL.name, "repeats": 1})
+    assert len(metrics) == 6 and all(m["value"] > 0 for m in metrics)
+    assert metrics[0]["notes"].startswith("the block path: ")
 
 
 @pytest.mark.parametrize("kind", ["lm", "images"])

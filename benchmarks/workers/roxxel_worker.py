@@ -17,7 +17,7 @@ import numpy as np
 sys.path.append(str(Path(__file__).resolve().parents[2]))
 from benchmarks import datagen as dg
 from benchmarks import measure as ms
-from benchmarks import pack
+from benchmarks import pack, pack_paths
 
 SYSTEM = "roxxel"
 LM_SCHEMA = {"tokens": "int32[]"}
@@ -643,6 +643,7 @@ WORKLOADS = {
     "verify_cost": w_verify_cost,
     "pack_lm": lambda p: pack.roxxel_pack(p, "lm"),
     "pack_images": lambda p: pack.roxxel_pack(p, "images"),
+    "pack_paths": pack_paths.pack_paths,
 }
 
 if __name__ == "__main__":

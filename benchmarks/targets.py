@@ -40,6 +40,18 @@ RX, MM = "roxxel", "megatron-memmap"
 PACK_PEERS = ("grain", "roxxel 0.9.14", "mosaicml-streaming")
 PACK_W1 = "roxxel pack --workers 1, in process"
 PACK_W2 = "roxxel pack --workers 2, in process"
+
+
+def _workers_targets(workload: str, name: str) -> tuple[Target, ...]:
+    """Issue 5's near-linear --workers 2 speedup, from new CLI processes and in process."""
+    label = f"roxxel pack of the {name}: --workers 2 vs --workers 1 (2 cores)"
+    cli = ("roxxel pack --workers 2 (a new", "roxxel pack --workers 1 (a new")
+    return tuple(
+        Target(5, f"{label}, {how}", 1.8, (RX, workload, two), (RX, workload, one), full_only=True)
+        for how, (two, one) in (("new CLI processes", cli), ("in process", (PACK_W2, PACK_W1)))
+    )
+
+
 TARGETS: tuple[Target, ...] = (
     Target(
         2,
@@ -169,38 +181,8 @@ TARGETS: tuple[Target, ...] = (
         (RX, "pack_images", PACK_W1),
         den_best=tuple((p, "pack_images", None) for p in PACK_PEERS),
     ),
-    Target(
-        5,
-        "roxxel pack of the JSONL corpus: --workers 2 vs --workers 1 (2 cores), new CLI processes",
-        1.8,
-        (RX, "pack_lm", "roxxel pack --workers 2 (a new"),
-        (RX, "pack_lm", "roxxel pack --workers 1 (a new"),
-        full_only=True,
-    ),
-    Target(
-        5,
-        "roxxel pack of the JSONL corpus: --workers 2 vs --workers 1 (2 cores), in process",
-        1.8,
-        (RX, "pack_lm", PACK_W2),
-        (RX, "pack_lm", PACK_W1),
-        full_only=True,
-    ),
-    Target(
-        5,
-        "roxxel pack of the .npy images: --workers 2 vs --workers 1 (2 cores), new CLI processes",
-        1.8,
-        (RX, "pack_images", "roxxel pack --workers 2 (a new"),
-        (RX, "pack_images", "roxxel pack --workers 1 (a new"),
-        full_only=True,
-    ),
-    Target(
-        5,
-        "roxxel pack of the .npy images: --workers 2 vs --workers 1 (2 cores), in process",
-        1.8,
-        (RX, "pack_images", PACK_W2),
-        (RX, "pack_images", PACK_W1),
-        full_only=True,
-    ),
+    *_workers_targets("pack_lm", "JSONL corpus"),
+    *_workers_targets("pack_images", ".npy images"),
     Target(
         6,
         "fit with an Orbax checkpoint every 50 steps vs none: steady-state steps/s, same run",

@@ -64,9 +64,9 @@ def parquet_pieces(path: str, unit_bytes: int) -> list[Piece]:
 
 def read_parquet(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterator[tuple[Record, int]]:
     """Yield one record per row of the piece's row groups, with the row number in the file."""
-    del opts, bad
-    for pa, batch, first in _parquet_batches(piece):
-        yield from _batch_records(pa, batch, piece.path, first)
+    del bad
+    for block in read_parquet_blocks(piece, opts):
+        yield from block.records()
 
 
 def read_parquet_blocks(piece: Piece, opts: ReadOptions) -> Iterator[Block]:
@@ -108,9 +108,9 @@ def arrow_pieces(path: str, unit_bytes: int) -> list[Piece]:
 
 def read_arrow(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterator[tuple[Record, int]]:
     """Yield one record per row, with the row number in the file."""
-    del opts, bad
-    for pa, batch, first in _arrow_batches(piece):
-        yield from _batch_records(pa, batch, piece.path, first)
+    del bad
+    for block in read_arrow_blocks(piece, opts):
+        yield from block.records()
 
 
 def read_arrow_blocks(piece: Piece, opts: ReadOptions) -> Iterator[Block]:
@@ -137,17 +137,6 @@ def _arrow_batches(piece: Piece) -> Iterator[tuple[ModuleType, Any, int]]:
     for batch in batches:
         yield pa, batch, first
         first += batch.num_rows
-
-
-def _batch_records(
-    pa: ModuleType, batch: Any, path: str, first: int
-) -> Iterator[tuple[Record, int]]:
-    names = batch.schema.names
-    columns = [
-        _column(pa, batch.column(i), f"{path}: field {n!r}", first) for i, n in enumerate(names)
-    ]
-    for i in range(batch.num_rows):
-        yield {n: c[i] for n, c in zip(names, columns, strict=True)}, first + i
 
 
 def _batch_block(pa: ModuleType, batch: Any, piece: Piece, first: int) -> Block:

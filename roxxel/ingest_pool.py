@@ -14,6 +14,7 @@ thread pools that handle a fork themselves (OpenBLAS's, under numpy) are not cou
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import multiprocessing
@@ -28,7 +29,7 @@ from roxxel.errors import ConfigError, RoxxelError
 from roxxel.ingest import BadRecords, ReadOptions, WorkUnit
 from roxxel.ingest_pack import PackConfig, UnitResult, pack_unit
 
-__all__ = ["START_METHODS", "UnitPool", "run_units", "start_method"]
+__all__ = ["START_METHODS", "UnitPool", "start_method"]
 
 JOIN_SECONDS = 60.0  # a stopped worker ends its current unit first
 FORK_UNSAFE = ("jax", "torch", "tensorflow")  # their thread pools do not survive a fork
@@ -49,8 +50,8 @@ class UnitPool:
     The worker processes start in the constructor: make the pool before starting threads
     (a progress bar, say) so that they can be forked. ``method`` "auto" picks
     `start_method`; "fork", "forkserver" or "spawn" overrule it (the caller vouches that
-    its threads survive a fork). Use it as a context manager; leaving
-    it early stops the workers after their current unit (finished units are kept).
+    its threads survive a fork). Use it as a context manager; leaving it early stops the
+    workers after their current unit (finished units are kept).
     """
 
     def __init__(
@@ -70,17 +71,23 @@ class UnitPool:
         self.pipes: list[Connection] = []
         self.procs: list[Any] = []
         plan = json.dumps([u.to_json() for u in units])
-        for _ in range(num_procs):
-            receive, send = ctx.Pipe(duplex=False)
-            # a forked child closes its copies of the earlier workers' read ends, so that a
-            # worker whose main process is gone finds its pipe broken
-            inherited = list(self.pipes) if self.method == "fork" else []
-            args = (_config_json(config), plan, self.counter, send, inherited)
-            proc = ctx.Process(target=_work, args=args)
-            proc.start()
-            send.close()
-            self.pipes.append(receive)
-            self.procs.append(proc)
+        try:
+            for _ in range(num_procs):
+                self._start(ctx, _config_json(config), plan)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, ctx: Any, config_json: str, plan: str) -> None:
+        receive, send = ctx.Pipe(duplex=False)
+        # a forked child closes its copies of the earlier workers' read ends, so that a
+        # worker whose main process is gone finds its pipe broken
+        inherited = list(self.pipes) if self.method == "fork" else []
+        proc = ctx.Process(target=_work, args=(config_json, plan, self.counter, send, inherited))
+        proc.start()
+        send.close()
+        self.pipes.append(receive)
+        self.procs.append(proc)
 
     def results(self) -> Iterator[UnitResult]:
         """Each unit's result as it ends (this process's units and the workers')."""
@@ -134,14 +141,6 @@ class UnitPool:
         self.close()
 
 
-def run_units(
-    config: PackConfig, units: list[WorkUnit], workers: int, method: str = "auto"
-) -> Iterator[UnitResult]:
-    """Pack units with ``workers`` processes in all; results as they end."""
-    with UnitPool(config, units, workers, method) as pool:
-        yield from pool.results()
-
-
 def _take(counter: Any, num_units: int) -> int | None:
     with counter.get_lock():
         index = counter.value
@@ -169,7 +168,8 @@ def _work(
     except BaseException as e:  # reported to the main process, which raises it
         with counter.get_lock():
             counter.value = len(units)
-        pipe.send_bytes(json.dumps({"error": type(e).__name__, "message": str(e)}).encode())
+        with contextlib.suppress(BrokenPipeError):
+            pipe.send_bytes(json.dumps({"error": type(e).__name__, "message": str(e)}).encode())
     finally:
         pipe.close()
 

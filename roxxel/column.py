@@ -19,6 +19,7 @@ from roxxel.layout import ColumnLayout, Extent
 __all__ = ["Column"]
 
 _ZSTD = zstandard.ZstdDecompressor()
+WHY = {"R16": "checksum mismatch", "R17": "str is not UTF-8", "R18": "bool byte not 0 or 1"}
 
 
 class Column:
@@ -147,16 +148,13 @@ class Column:
         self.verify_records((i,))
 
     def verify_records(self, indices: Iterable[int]) -> None:
-        """Raise FormatError (R16) for the first of ``indices`` that fails its checksum."""
-        bad = self.mismatches(indices)
-        if bad:
-            i = bad[0]
-            raise fail(
-                self.path,
-                self._stored_at(i),
-                "R16",
-                f"record {i} field {self.name!r}: checksum mismatch",
-            )
+        """Raise FormatError for the first of ``indices`` that fails its checksum (R16) or,
+        in a bool field, holds a byte other than 0 or 1 (R18)."""
+        indices = list(indices)
+        for rule, bad in (("R16", self.mismatches(indices)), ("R18", self.not_bool(indices))):
+            if bad:
+                i = bad[0]
+                raise fail(self.path, self._stored_at(i), rule, f"record {i} {self._why(rule)}")
 
     def mismatches(self, indices: Iterable[int]) -> list[int]:
         """Those of ``indices`` whose stored bytes fail their checksum (a tight C-call loop)."""
@@ -166,16 +164,45 @@ class Column:
             return [i for i in indices if digest(data[i * unit : (i + 1) * unit]) != sums[i]]
         return [i for i in indices if digest(data[offsets[i] : offsets[i + 1]]) != sums[i]]
 
-    def bad_records(self) -> list[int]:
-        """Every record whose stored bytes fail their checksum (or, for str, UTF-8)."""
-        bad = self.mismatches(range(self.num_records))
-        if self.field.kind == "str" and not self.compressed:
-            for i in range(self.num_records):
-                try:
-                    bytes(self.stored(i)).decode("utf-8")
-                except UnicodeDecodeError:
-                    bad.append(i)
-        return sorted(set(bad))
+    def not_bool(self, indices: Iterable[int]) -> list[int]:
+        """Those of ``indices`` whose bytes are not all 0 or 1, in an uncompressed bool field
+        (a compressed one is checked as it decodes); [] for any other field."""
+        if self.field.dtype != np.bool_ or self.compressed:
+            return []
+        raw = self.data
+        if self.offsets is None:
+            return [
+                i for i in indices if raw[i * self.unit : (i + 1) * self.unit].max(initial=0) > 1
+            ]
+        offsets = self.offsets
+        return [i for i in indices if raw[offsets[i] : offsets[i + 1]].max(initial=0) > 1]
+
+    def bad_records(self) -> list[tuple[int, str]]:
+        """Every record that breaks R16, R17 or R18, with what is wrong, in record order."""
+        everything = range(self.num_records)
+        found: dict[int, list[str]] = {}
+        for rule, bad in (
+            ("R16", self.mismatches(everything)),
+            ("R17", self._not_utf8()),
+            ("R18", self.not_bool(everything)),
+        ):
+            for i in bad:
+                found.setdefault(i, []).append(WHY[rule])
+        return [(i, f"field {self.name!r}: {'; '.join(found[i])}") for i in sorted(found)]
+
+    def _not_utf8(self) -> list[int]:
+        if self.field.kind != "str" or self.compressed:
+            return []  # a compressed str is checked as it decodes
+        bad = []
+        for i in range(self.num_records):
+            try:
+                bytes(self.stored(i)).decode("utf-8")
+            except UnicodeDecodeError:
+                bad.append(i)
+        return bad
+
+    def _why(self, rule: str) -> str:
+        return f"field {self.name!r}: {WHY[rule]}"
 
     def _stored_at(self, i: int) -> int:
         """The file offset of record ``i``'s stored bytes, for error messages."""
@@ -198,6 +225,8 @@ class Column:
             ) from None
         if field.kind == "str":
             return self._text(i, raw)
+        if field.dtype == np.bool_ and np.frombuffer(raw, np.uint8).max(initial=0) > 1:
+            raise fail(self.path, self._stored_at(i), "R18", f"record {i} {self._why('R18')}")
         array = np.frombuffer(raw, field.dtype)
         if field.kind == "bytes":
             return array
@@ -211,7 +240,7 @@ class Column:
                 self.path,
                 self._stored_at(i),
                 "R17",
-                f"record {i} field {self.name!r}: str is not UTF-8",
+                f"record {i} {self._why('R17')}",
             ) from None
 
 

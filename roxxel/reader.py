@@ -42,7 +42,7 @@ TEMP_NAME = re.compile(r"^\..+\.[0-9]+\.[0-9a-f]{8}\.tmp$")
 
 @dataclass(frozen=True, slots=True)
 class Corruption:
-    """One record of one field whose bytes do not match their checksum."""
+    """One record of one field whose bytes break a rule (R16-R18), and what is wrong."""
 
     path: str
     record: int
@@ -134,11 +134,11 @@ class Shard:
             self._mmap.madvise(mmap.MADV_WILLNEED, begin, length)
 
     def verify(self) -> list[Corruption]:
-        """Check every record checksum of every field; [] when the shard is intact."""
+        """Check every record of every field (R16-R18); [] when the shard is intact."""
         return [
-            Corruption(str(self.path), i, c.name, f"record {i} field {c.name!r}: checksum mismatch")
+            Corruption(str(self.path), i, c.name, f"record {i} {why}")
             for c in self._columns
-            for i in c.bad_records()
+            for i, why in c.bad_records()
         ]
 
     def _stream_column(self, field: str) -> Column:

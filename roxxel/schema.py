@@ -199,13 +199,17 @@ class Field:
         one's raw bytes (views of the given arrays where they already fit exactly)."""
         dims, dtype, inner = len(self.shape), self.dtype, self.inner_shape
         arrays = list(values)
-        exact = self.kind == "array" and all(
-            type(a) is np.ndarray
-            and a.ndim == dims
-            and a.dtype == dtype
-            and a.shape[1:] == inner
-            and a.flags.c_contiguous
-            for a in arrays
+        exact = (
+            self.kind == "array"
+            and dtype != np.bool_
+            and all(
+                type(a) is np.ndarray
+                and a.ndim == dims
+                and a.dtype == dtype
+                and a.shape[1:] == inner
+                and a.flags.c_contiguous
+                for a in arrays
+            )
         )
         if exact:
             return [memoryview(a) for a in arrays]  # pyright: ignore[reportArgumentType]
@@ -253,6 +257,9 @@ def _is_float(dtype: np.dtype) -> bool:
 
 def _exact_cast(array: np.ndarray, field: Field, where: str) -> np.ndarray:
     target = field.dtype
+    if array.dtype == target == np.bool_:  # a bool viewed from other bytes: store 0 or 1 (R18)
+        as_bytes = array.view(np.uint8)
+        return as_bytes != 0 if as_bytes.max(initial=0) > 1 else array
     if array.dtype == target:
         return array
     if array.size == 0 and array.dtype.kind in "biuf":  # [] parses as float64: no value changes

@@ -337,7 +337,7 @@ def test_r15_rejects_a_frame_whose_size_disagrees_with_its_table(tmp_path) -> No
     check(reseal(data), "R15", tmp_path, read=True)
 
 
-# R16-R17: record bytes ----------------------------------------------------------------
+# R16-R18: record bytes ----------------------------------------------------------------
 
 
 def _flip_record_byte(data: bytearray, name: str) -> bytearray:
@@ -364,6 +364,37 @@ def test_r17_rejects_text_that_is_not_utf8(tmp_path) -> None:
     with pytest.raises(FormatError, match="rule R17 "):
         shard[2]
     assert {(c.record, c.field) for c in shard.verify()} == {(2, "text")}
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+def test_r18_a_bool_byte_other_than_0_or_1_is_refused(tmp_path, monkeypatch, codec) -> None:
+    """Bytes 0, 2, 1 stored (checksums valid) by a writer that skips its own R18 guard."""
+    from roxxel import schema as schema_module
+
+    raw = np.frombuffer(bytes([0, 2, 1]), np.bool_)
+    monkeypatch.setattr(schema_module, "_exact_cast", lambda array, field, where: array)
+    path = tmp_path / "b.rxs"
+    compress = {"flag": "zstd"} if codec == "zstd" else None
+    records = [{"flag": raw[i : i + 1]} for i in range(3)]
+    roxxel.write_shard(path, records, {"flag": "bool[1]"}, compress=compress)
+    monkeypatch.undo()
+    shard = roxxel.open_shard(path)
+    if codec == "none":
+        [problem] = shard.verify()
+        assert (problem.record, problem.field) == (1, "flag") and "not 0 or 1" in problem.message
+        with pytest.raises(FormatError, match="rule R18 "):
+            roxxel.open_shard(path, verify=True).get_batch([0, 1])
+    else:  # a compressed record is checked as it decodes, on every read
+        with pytest.raises(FormatError, match="rule R18 "):
+            shard[1]
+    assert shard[2]["flag"].tolist() == [True]
+
+
+def test_the_writer_stores_any_nonzero_bool_byte_as_1(tmp_path) -> None:
+    raw = np.frombuffer(bytes([0, 7, 1, 255]), np.bool_)
+    roxxel.write_shard(tmp_path / "b.rxs", [{"flag": raw}], {"flag": "bool[]"})
+    shard = roxxel.open_shard(tmp_path / "b.rxs")
+    assert shard.verify() == [] and shard[0]["flag"].view(np.uint8).tolist() == [0, 1, 1, 1]
 
 
 # Arbitrary bytes -------------------------------------------------------------------------

@@ -72,12 +72,6 @@ def read_parquet(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterator[t
 def read_parquet_blocks(piece: Piece, opts: ReadOptions) -> Iterator[Block]:
     """The rows of `read_parquet` as one `Block` per record batch."""
     del opts
-    for pa, batch, first in _parquet_batches(piece):
-        yield _batch_block(pa, batch, piece, first)
-
-
-def _parquet_batches(piece: Piece) -> Iterator[tuple[ModuleType, Any, int]]:
-    """The piece's record batches, each with the file row number of its first row."""
     pa = _pyarrow()
     reader = pa.parquet.ParquetFile(piece.path)
     meta = reader.metadata
@@ -85,7 +79,7 @@ def _parquet_batches(piece: Piece) -> Iterator[tuple[ModuleType, Any, int]]:
     first = sum(meta.row_group(g).num_rows for g in range(piece.start))
     for g in range(piece.start, piece.stop):
         for batch in reader.read_row_group(g).to_batches():
-            yield pa, batch, first
+            yield _batch_block(pa, batch, piece, first)
             first += batch.num_rows
 
 
@@ -116,12 +110,6 @@ def read_arrow(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterator[tup
 def read_arrow_blocks(piece: Piece, opts: ReadOptions) -> Iterator[Block]:
     """The rows of `read_arrow` as one `Block` per record batch."""
     del opts
-    for pa, batch, first in _arrow_batches(piece):
-        yield _batch_block(pa, batch, piece, first)
-
-
-def _arrow_batches(piece: Piece) -> Iterator[tuple[ModuleType, Any, int]]:
-    """The piece's record batches, each with the file row number of its first row."""
     pa = _pyarrow()
     reader = _open_file(pa, piece.path)
     first = 0
@@ -135,7 +123,7 @@ def _arrow_batches(piece: Piece) -> Iterator[tuple[ModuleType, Any, int]]:
         first = sum(reader.get_batch(b).num_rows for b in range(piece.start))
         batches = (reader.get_batch(b) for b in range(piece.start, piece.stop))
     for batch in batches:
-        yield pa, batch, first
+        yield _batch_block(pa, batch, piece, first)
         first += batch.num_rows
 
 

@@ -8,19 +8,50 @@ reused buffer, if wider), with their lengths in ``"<name>.length"``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from roxxel.column import Column
-from roxxel.schema import Field
+from roxxel.schema import Field, Schema
 
-__all__ = ["Group", "allocate", "gather", "normalize_indices"]
+__all__ = ["Group", "RecordSource", "allocate", "gather", "normalize_indices"]
 
 LENGTH_SUFFIX = ".length"
 Batch = dict[str, np.ndarray]
 # (columns of one shard, rows of the batch they fill (None: all, in order), local indices)
 Group = tuple[Mapping[str, Column], "np.ndarray | None", np.ndarray]
+
+
+class RecordSource:
+    """What a shard and a dataset share: ``len()``, ``[i]`` with negative indices and a
+    bounds check, and reusable buffers for ``get_batch``. A subclass sets ``path``,
+    ``schema`` and ``_num`` and defines ``record(i)`` for ``0 <= i < len(self)``."""
+
+    path: Path
+    schema: Schema
+    _num: int
+
+    @property
+    def num_records(self) -> int:
+        return self._num
+
+    def __len__(self) -> int:
+        return self._num
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        i = int(index)
+        if not -self._num <= i < self._num:
+            raise IndexError(f"{self.path}: record {index} out of range for {self._num} records")
+        return self.record(i + self._num if i < 0 else i)
+
+    def record(self, i: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def batch_buffers(self, batch_size: int, max_len: dict[str, int] | None = None) -> Batch:
+        """Buffers to pass as ``out=`` to ``get_batch``, reused from call to call."""
+        return allocate(self.schema.fields, batch_size, max_len or {})
 
 
 def normalize_indices(indices: Any, size: int, where: object) -> np.ndarray:

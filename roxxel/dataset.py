@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from roxxel.batch import Batch, Group, allocate, gather, normalize_indices
+from roxxel.batch import Batch, Group, RecordSource, gather, normalize_indices
 from roxxel.dataset_writer import publish_manifest
 from roxxel.errors import ConfigError, FormatError
 from roxxel.manifest import (
@@ -40,7 +40,7 @@ from roxxel.writer import json_object
 __all__ = ["Dataset", "open_dataset", "write_manifest"]
 
 
-class Dataset:
+class Dataset(RecordSource):
     """All records of a dataset directory: ``len()``, ``[i]``, `get_batch`, `verify`.
 
     Thread-safe for reads. Pickles as its path. ``verify=True`` checks the checksum of every
@@ -70,10 +70,6 @@ class Dataset:
         return self.manifest.metadata
 
     @property
-    def num_records(self) -> int:
-        return self._num
-
-    @property
     def num_shards(self) -> int:
         return len(self._shards)
 
@@ -97,15 +93,8 @@ class Dataset:
                     shard = self._shards[k] = self._open_shard(k)
         return shard
 
-    def __len__(self) -> int:
-        return self._num
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        i = int(index)
-        if not -self._num <= i < self._num:
-            raise IndexError(f"{self.path}: record {index} out of range for {self._num} records")
-        if i < 0:
-            i += self._num
+    def record(self, i: int) -> dict[str, Any]:
+        """Record ``i`` (already in range), from the shard that holds it."""
         k = bisect.bisect_right(self._starts, i) - 1
         return self.shard(k).record(i - self._starts[k])
 
@@ -130,10 +119,6 @@ class Dataset:
                 k = int(shard_ids[rows[0]])
                 groups.append((self._columns(k, local[rows]), rows, local[rows]))
         return gather(groups, self.schema.select(fields), shard_ids.size, out)
-
-    def batch_buffers(self, batch_size: int, max_len: dict[str, int] | None = None) -> Batch:
-        """Buffers to pass as ``out=`` to `get_batch`, reused from call to call."""
-        return allocate(self.schema.fields, batch_size, max_len or {})
 
     def num_elements(self, field: str) -> int:
         """Elements of a variable-length field over the whole dataset (maps every shard)."""

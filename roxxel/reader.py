@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from roxxel.batch import Batch, allocate, gather, normalize_indices
+from roxxel.batch import Batch, RecordSource, gather, normalize_indices
 from roxxel.column import Column
 from roxxel.errors import FormatError
 from roxxel.format import (
@@ -50,7 +50,7 @@ class Corruption:
     message: str
 
 
-class Shard:
+class Shard(RecordSource):
     """One shard file: ``len()``, ``[i]`` -> dict of arrays, `get_batch`, `verify`.
 
     Thread-safe for reads. Pickles as its path (another process maps the file itself).
@@ -78,21 +78,8 @@ class Shard:
         return self.layout.metadata
 
     @property
-    def num_records(self) -> int:
-        return self._num
-
-    @property
     def num_bytes(self) -> int:
         return self._buf.size
-
-    def __len__(self) -> int:
-        return self._num
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        i = int(index)
-        if not -self._num <= i < self._num:
-            raise IndexError(f"{self.path}: record {index} out of range for {self._num} records")
-        return self.record(i + self._num if i < 0 else i)
 
     def record(self, i: int) -> dict[str, Any]:
         """Record ``i`` (already in range): every field, views where uncompressed."""
@@ -108,10 +95,6 @@ class Shard:
             for column in self._columns:
                 column.verify_records(idx.tolist())
         return gather([(self.columns, None, idx)], self.schema.select(fields), idx.size, out)
-
-    def batch_buffers(self, batch_size: int, max_len: dict[str, int] | None = None) -> Batch:
-        """Buffers to pass as ``out=`` to `get_batch`, reused from call to call."""
-        return allocate(self.schema.fields, batch_size, max_len or {})
 
     def flat(self, field: str) -> np.ndarray:
         """Every record of an uncompressed variable-length field, concatenated (a view)."""

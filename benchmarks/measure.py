@@ -19,6 +19,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from benchmarks import datagen as dg
+
 Metric = dict[str, Any]
 
 
@@ -45,6 +49,25 @@ def median_rate(fn: Callable[[], object], units: float, repeats: int = 5, warmup
     for _ in range(warmup):
         fn()
     return statistics.median(units / max(timed(fn), 1e-9) for _ in range(repeats))
+
+
+def package_versions(*names: str) -> dict[str, str]:
+    """The installed version of each distribution (a worker's `versions`)."""
+    from importlib.metadata import version
+
+    return {name: version(name) for name in names}
+
+
+def read_single_rate(p: dict, num_images: int, image_of: Callable[[int], object]) -> float:
+    """Records/s of copying `image_of(i)` into one buffer, for the read_single workload's
+    random indices (the same for every system)."""
+    idx = dg.random_indices(num_images, int(p.get("count", 20000)), 1).tolist()
+    buf = np.empty(dg.IMAGE_SHAPE, np.uint8)
+
+    def one(i: int) -> None:
+        buf[...] = image_of(i)
+
+    return items_rate(one, idx, int(p.get("repeats", 5)))
 
 
 def items_rate(

@@ -118,13 +118,7 @@ def w_read_single(p: dict) -> list[ms.Metric]:
     spec = _spec(p)
     ensure_data(spec)
     img, _ = _image_memmap(spec)
-    idx = dg.random_indices(spec.num_images, int(p.get("count", 20000)), 1).tolist()
-    buf = np.empty(dg.IMAGE_SHAPE, np.uint8)
-
-    def one(i: int) -> None:
-        buf[...] = img[i]
-
-    rate = ms.items_rate(one, idx, int(p.get("repeats", 5)))
+    rate = ms.read_single_rate(p, spec.num_images, lambda i: img[i])
     return [ms.metric("read_single", "np.memmap slice + copy", rate, "records/s")]
 
 

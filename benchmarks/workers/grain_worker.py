@@ -122,13 +122,7 @@ def w_write_images(p: dict) -> list[ms.Metric]:
 def w_read_single(p: dict) -> list[ms.Metric]:
     spec = _spec(p)
     src = _source(ensure_data(spec)["images"])
-    idx = dg.random_indices(spec.num_images, int(p.get("count", 20000)), 1).tolist()
-    buf = np.empty(dg.IMAGE_SHAPE, np.uint8)
-
-    def one(i: int) -> None:
-        buf[...] = parse_image(src[i])["image"]
-
-    rate = ms.items_rate(one, idx, int(p.get("repeats", 5)))
+    rate = ms.read_single_rate(p, spec.num_images, lambda i: parse_image(src[i])["image"])
     return [ms.metric("read_single", "ArrayRecordDataSource[i] + parse", rate, "records/s")]
 
 
@@ -321,9 +315,7 @@ def w_pack(p: dict, kind: str) -> list[ms.Metric]:
 
 
 def versions() -> dict[str, str]:
-    from importlib.metadata import version
-
-    return {k: version(k) for k in ("grain", "array-record", "numpy")}
+    return ms.package_versions("grain", "array-record", "numpy")
 
 
 WORKLOADS = {

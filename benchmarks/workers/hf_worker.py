@@ -107,26 +107,19 @@ def _image_views(path: Path):
 def w_read_single(p: dict) -> list[ms.Metric]:
     spec = _spec(p)
     img_view, _, plain = _image_views(ensure_data(spec)["images"])
-    idx = dg.random_indices(spec.num_images, int(p.get("count", 20000)), 1).tolist()
-    buf = np.empty(dg.IMAGE_SHAPE, np.uint8)
-    res = []
-    for name, view in (
+    views = (
         ("ds[i], with_format('numpy') (int64)", plain),
         ("ds[i], with_format('numpy', dtype=uint8)", img_view),
-    ):
-
-        def one(i: int, view=view) -> None:
-            buf[...] = view[i]["image"]
-
-        res.append(
-            ms.metric(
-                "read_single",
-                name,
-                ms.items_rate(one, idx, int(p.get("repeats", 5))),
-                "records/s",
-            )
+    )
+    return [
+        ms.metric(
+            "read_single",
+            name,
+            ms.read_single_rate(p, spec.num_images, lambda i, v=view: v[i]["image"]),
+            "records/s",
         )
-    return res
+        for name, view in views
+    ]
 
 
 def w_read_batch(p: dict, cold: bool) -> list[ms.Metric]:
@@ -308,9 +301,7 @@ def w_startup(p: dict) -> list[ms.Metric]:
 
 
 def versions() -> dict[str, str]:
-    from importlib.metadata import version
-
-    return {k: version(k) for k in ("datasets", "pyarrow", "numpy")}
+    return ms.package_versions("datasets", "pyarrow", "numpy")
 
 
 WORKLOADS = {

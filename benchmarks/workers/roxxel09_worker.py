@@ -101,13 +101,8 @@ def w_write_images(p: dict) -> list[ms.Metric]:
 def w_read_single(p: dict) -> list[ms.Metric]:
     spec = _spec(p)
     ds = _open(ensure_data(spec)[1])
-    idx = dg.random_indices(spec.num_images, int(p.get("count", 20000)), 1).tolist()
-    buf = np.empty(dg.IMAGE_SHAPE, np.uint8)
-
-    def one(i: int) -> None:
-        buf[...] = ds[i][: dg.IMAGE_BYTES].reshape(dg.IMAGE_SHAPE)
-
-    rate = ms.items_rate(one, idx, int(p.get("repeats", 5)))
+    image = lambda i: ds[i][: dg.IMAGE_BYTES].reshape(dg.IMAGE_SHAPE)  # noqa: E731
+    rate = ms.read_single_rate(p, spec.num_images, image)
     return [ms.metric("read_single", "ds[i] (memmap block) + copy", rate, "records/s")]
 
 
@@ -254,9 +249,7 @@ def w_pack(p: dict, kind: str) -> list[ms.Metric]:
 
 
 def versions() -> dict[str, str]:
-    from importlib.metadata import version
-
-    return {k: version(k) for k in ("roxxel", "jax", "numpy")}
+    return ms.package_versions("roxxel", "jax", "numpy")
 
 
 WORKLOADS = {

@@ -162,13 +162,7 @@ def w_write_images(p: dict) -> list[ms.Metric]:
 def w_read_single(p: dict) -> list[ms.Metric]:
     spec = _spec(p)
     ds = _rx().open_dataset(ensure_data(spec)[1])
-    idx = dg.random_indices(spec.num_images, int(p.get("count", 20000)), 1).tolist()
-    buf = np.empty(dg.IMAGE_SHAPE, np.uint8)
-
-    def one(i: int) -> None:
-        buf[...] = ds[i]["image"]
-
-    rate = ms.items_rate(one, idx, int(p.get("repeats", 5)))
+    rate = ms.read_single_rate(p, spec.num_images, lambda i: ds[i]["image"])
     return [ms.metric("read_single", "ds[i] (two fields) + copy of the image", rate, "records/s")]
 
 

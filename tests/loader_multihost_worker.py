@@ -11,9 +11,6 @@ it read, for the parent to compare with a single-process run.
 
 from __future__ import annotations
 
-import sys
-import traceback
-
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
@@ -23,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 import roxxel
 from roxxel.loader import Loader, LoaderConfig
 from roxxel.views import TokenWindows
+from tests.cluster import joined, worker_main
 
 LAYOUTS = ("dp", "fsdp", "dp_tp", "seq", "tp_across")
 BATCH, SEQ_LEN, START_STEP, NUM_STEPS, SEED = 16, 8, 3, 4, 5
@@ -94,23 +92,13 @@ def run_layout(layout: str, num_processes: int, data_dir: str, out: dict) -> Non
 def main(argv: list[str]) -> int:
     port, num_processes, process_id = (int(a) for a in argv[:3])
     data_dir, out_dir = argv[3], argv[4]
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        f"127.0.0.1:{port}", num_processes, process_id, initialization_timeout=60
-    )
-    try:
+    with joined(port, num_processes, process_id):
         out: dict[str, np.ndarray] = {}
         for layout in LAYOUTS:
             run_layout(layout, num_processes, data_dir, out)
         np.savez(f"{out_dir}/{jax.process_index()}.npz", **out)
-    finally:
-        jax.distributed.shutdown()
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except Exception:
-        traceback.print_exc()
-        sys.exit(1)
+    worker_main(main)

@@ -14,8 +14,6 @@ what it found as JSON.
 from __future__ import annotations
 
 import json
-import sys
-import traceback
 
 import jax
 import numpy as np
@@ -24,6 +22,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from roxxel.device import batch_sharding, place_fields, plan_fields, union_rows
+from tests.cluster import joined, worker_main
 
 LAYOUTS = ("dp", "dp_strided", "fsdp", "dp_tp", "seq", "tp_across")
 WIDTH = 8  # columns per row; the sequence layout splits them over 2 devices
@@ -89,23 +88,13 @@ def run_layout(layout: str, num_processes: int) -> dict:
 def main(argv: list[str]) -> int:
     port, num_processes, process_id = (int(a) for a in argv[:3])
     out_path = argv[3]
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        f"127.0.0.1:{port}", num_processes, process_id, initialization_timeout=60
-    )
-    try:
+    with joined(port, num_processes, process_id):
         report = {"process_id": jax.process_index(), "num_devices": jax.device_count()}
         report["layouts"] = {name: run_layout(name, num_processes) for name in LAYOUTS}
         with open(out_path, "w") as f:
             json.dump(report, f)
-    finally:
-        jax.distributed.shutdown()
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except Exception:
-        traceback.print_exc()
-        sys.exit(1)
+    worker_main(main)

@@ -8,11 +8,6 @@ read exactly the windows of the rows its devices hold, once each, and nothing el
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,20 +15,11 @@ import pytest
 
 import roxxel
 from roxxel.loader import Loader
+from tests import loader_multihost_worker as worker
+from tests.cluster import run_group
 
 WORKER = Path(__file__).with_name("loader_multihost_worker.py")
-REPO = WORKER.parent.parent
 CLUSTERS = [(2, 4), (4, 2)]  # (processes, CPU devices each): 8 devices either way
-DEADLINE_S = 90  # the whole group on 2 shared cores; a healthy run takes ~10 s
-
-sys.path.insert(0, str(WORKER.parent))
-import loader_multihost_worker as worker  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _write_corpus(path: Path) -> None:
@@ -42,49 +28,6 @@ def _write_corpus(path: Path) -> None:
     with roxxel.DatasetWriter(path, schema, shard_bytes=2000) as writer:
         for _ in range(200):
             writer.write({"tokens": rng.integers(0, 30_000, rng.integers(0, 40)).astype(np.int32)})
-
-
-def _run_workers(data_dir: Path, out_dir: Path, num_processes: int, local_devices: int) -> None:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={local_devices}"
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(REPO)) if p)
-    port, procs, logs = _free_port(), [], []
-    try:
-        for pid in range(num_processes):
-            log = open(out_dir / f"worker{pid}.log", "w")  # noqa: SIM115 (closed in finally)
-            logs.append(log)
-            argv = [sys.executable, str(WORKER), str(port), str(num_processes), str(pid)]
-            argv += [str(data_dir), str(out_dir)]
-            procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
-        codes = _wait_all(procs)
-    finally:
-        for proc in procs:  # ours, by handle: a hung group never outlives the test
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        for log in logs:
-            log.close()
-    if codes != [0] * num_processes:
-        logs_text = "\n".join(
-            (out_dir / f"worker{i}.log").read_text()[-3000:] for i in range(num_processes)
-        )
-        pytest.fail(f"workers exited with {codes} (None: still running, so killed):\n{logs_text}")
-
-
-def _wait_all(procs: list[subprocess.Popen]) -> list[int | None]:
-    """Exit codes once all exit, as soon as one fails (its peers would block), or at the
-    deadline (None for a worker still running)."""
-    deadline = time.monotonic() + DEADLINE_S
-    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-        for proc in procs:
-            try:
-                proc.wait(timeout=0.2)
-            except subprocess.TimeoutExpired:
-                continue
-            if proc.returncode != 0:
-                return [p.poll() for p in procs]
-    return [p.poll() for p in procs]
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +41,9 @@ def corpus(tmp_path_factory):
 def run(request, corpus, tmp_path_factory):
     num_processes, local_devices = request.param
     data_dir, out_dir = corpus, tmp_path_factory.mktemp("out")
-    _run_workers(data_dir, out_dir, num_processes, local_devices)
+    run_group(
+        WORKER, num_processes, local_devices, out_dir, lambda _: [str(data_dir), str(out_dir)]
+    )
     reports = [dict(np.load(out_dir / f"{pid}.npz")) for pid in range(num_processes)]
     loader = Loader(
         worker.windows(str(data_dir)),

@@ -10,75 +10,22 @@ batch.
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.cluster import run_group
+
 WORKER = Path(__file__).with_name("multihost_worker.py")
-REPO = WORKER.parent.parent
-DEADLINE_S = 90  # the whole group, on 2 shared cores; a healthy 4-process run takes ~7 s
 CLUSTERS = [(2, 4), (4, 2)]  # (processes, CPU devices per process): 8 devices either way
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _child_env(local_devices: int) -> dict[str, str]:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={local_devices}"
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(REPO)) if p)
-    return env
-
-
 def _run_cluster(num_processes: int, local_devices: int, tmp: Path) -> list[dict]:
-    """Start the workers, wait for all of them, and always leave none running."""
-    port, env = _free_port(), _child_env(local_devices)
-    procs, logs = [], []
-    try:
-        for pid in range(num_processes):
-            log = open(tmp / f"worker{pid}.log", "w")  # noqa: SIM115 (closed in finally)
-            logs.append(log)
-            argv = [sys.executable, str(WORKER), str(port), str(num_processes), str(pid)]
-            argv.append(str(tmp / f"worker{pid}.json"))
-            procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
-        codes = _wait_all(procs)
-    finally:
-        for proc in procs:  # ours, by handle: a failed or hung group never outlives the test
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        for log in logs:
-            log.close()
-    if codes != [0] * num_processes:
-        output = "\n".join((tmp / f"worker{i}.log").read_text()[-3000:] for i in range(len(procs)))
-        pytest.fail(f"workers exited with {codes} (None: still running, so killed):\n{output}")
+    """Run the workers (each writes its report as JSON) and read their reports."""
+    run_group(
+        WORKER, num_processes, local_devices, tmp, lambda pid: [str(tmp / f"worker{pid}.json")]
+    )
     return [json.loads((tmp / f"worker{i}.json").read_text()) for i in range(num_processes)]
-
-
-def _wait_all(procs: list[subprocess.Popen]) -> list[int | None]:
-    """Exit codes once all exit, or as soon as one fails (its peers would block in a
-    collective), or at the deadline; None for a worker still running then."""
-    deadline = time.monotonic() + DEADLINE_S
-    while time.monotonic() < deadline:
-        for proc in procs:
-            try:
-                proc.wait(timeout=0.2)
-            except subprocess.TimeoutExpired:
-                continue
-            if proc.returncode != 0:
-                return [p.poll() for p in procs]
-        if all(p.poll() is not None for p in procs):
-            break
-    return [p.poll() for p in procs]
 
 
 @pytest.fixture(scope="module", params=CLUSTERS, ids=lambda c: f"{c[0]}proc-x{c[1]}dev")

@@ -3,7 +3,7 @@
 The parent side, `run_group`, starts a worker script in N processes, each with its own fake
 CPU devices, and waits for all of them; a failed or hung group never outlives its test. The
 worker side, `joined` and `worker_main`, joins the job and turns any exception into exit 1
-with its traceback in the worker's log.
+with its traceback in the worker's log; `mesh_and_spec` builds the mesh layouts tested.
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 DEADLINE_S = 90  # the whole group, on 2 shared cores; a healthy run takes ~10 s
@@ -104,3 +107,27 @@ def worker_main(main: Callable[[list[str]], int]) -> None:
     except Exception:
         traceback.print_exc()
         sys.exit(1)
+
+
+def mesh_and_spec(layout: str, num_processes: int) -> tuple[Any, Any]:
+    """The (mesh, batch spec) of a named layout over every device of the job, ordered by
+    process: dp, dp_strided, fsdp, dp_tp, seq or tp_across."""
+    import jax
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    devices = np.array(sorted(jax.devices(), key=lambda d: (d.process_index, d.id)))
+    total = devices.size
+    if layout == "dp":
+        return Mesh(devices, ("data",)), P("data")
+    if layout == "dp_strided":  # data shards alternate between processes: rows with gaps
+        return Mesh(devices.reshape(num_processes, -1).T.reshape(-1), ("data",)), P("data")
+    if layout == "fsdp":
+        return Mesh(devices.reshape(2, total // 2), ("data", "fsdp")), P(("data", "fsdp"))
+    if layout == "dp_tp":  # the model axis pairs two devices of one process
+        return Mesh(devices.reshape(total // 2, 2), ("data", "model")), P("data")
+    if layout == "seq":
+        return Mesh(devices.reshape(total // 2, 2), ("data", "seq")), P("data", "seq")
+    # tp_across: the model axis spans the processes, so every process holds every row
+    grid = devices.reshape(num_processes, total // num_processes).T
+    return Mesh(grid, ("data", "model")), P("data")

@@ -14,13 +14,11 @@ from __future__ import annotations
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh
-from jax.sharding import PartitionSpec as P
 
 import roxxel
 from roxxel.loader import Loader, LoaderConfig
 from roxxel.views import TokenWindows
-from tests.cluster import joined, worker_main
+from tests.cluster import joined, mesh_and_spec, worker_main
 
 LAYOUTS = ("dp", "fsdp", "dp_tp", "seq", "tp_across")
 BATCH, SEQ_LEN, START_STEP, NUM_STEPS, SEED = 16, 8, 3, 4, 5
@@ -55,22 +53,6 @@ class CountingSource:
 def windows(data_dir: str) -> TokenWindows:
     ds = roxxel.open_dataset(data_dir)
     return TokenWindows(ds, "tokens", SEQ_LEN, document_structure=True, split_targets=True)
-
-
-def mesh_and_spec(layout: str, num_processes: int) -> tuple[Mesh, P]:
-    devices = np.array(sorted(jax.devices(), key=lambda d: (d.process_index, d.id)))
-    total = devices.size
-    if layout == "dp":
-        return Mesh(devices, ("data",)), P("data")
-    if layout == "fsdp":
-        return Mesh(devices.reshape(2, total // 2), ("data", "fsdp")), P(("data", "fsdp"))
-    if layout == "dp_tp":  # the model axis pairs two devices of one process
-        return Mesh(devices.reshape(total // 2, 2), ("data", "model")), P("data")
-    if layout == "seq":
-        return Mesh(devices.reshape(total // 2, 2), ("data", "seq")), P("data", "seq")
-    # tp_across: the model axis spans the processes, so every process holds every row
-    grid = devices.reshape(num_processes, total // num_processes).T
-    return Mesh(grid, ("data", "model")), P("data")
 
 
 def run_layout(layout: str, num_processes: int, data_dir: str, out: dict) -> None:

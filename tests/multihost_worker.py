@@ -22,7 +22,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from roxxel.device import batch_sharding, place_fields, plan_fields, union_rows
-from tests.cluster import joined, worker_main
+from tests.cluster import joined, mesh_and_spec, worker_main
 
 LAYOUTS = ("dp", "dp_strided", "fsdp", "dp_tp", "seq", "tp_across")
 WIDTH = 8  # columns per row; the sequence layout splits them over 2 devices
@@ -31,24 +31,6 @@ WIDTH = 8  # columns per row; the sequence layout splits them over 2 devices
 def reference_rows(rows: np.ndarray) -> np.ndarray:
     """The generator: any process computes any row on its own, as a reader would."""
     return (rows[:, None] * 100 + np.arange(WIDTH)).astype(np.float32)
-
-
-def _mesh_and_spec(layout: str, num_processes: int) -> tuple[Mesh, P]:
-    devices = np.array(sorted(jax.devices(), key=lambda d: (d.process_index, d.id)))
-    total = devices.size
-    if layout == "dp":
-        return Mesh(devices, ("data",)), P("data")
-    if layout == "dp_strided":  # data shards alternate between processes: rows with gaps
-        return Mesh(devices.reshape(num_processes, -1).T.reshape(-1), ("data",)), P("data")
-    if layout == "fsdp":
-        return Mesh(devices.reshape(2, total // 2), ("data", "fsdp")), P(("data", "fsdp"))
-    if layout == "dp_tp":  # the model axis pairs two devices of one process
-        return Mesh(devices.reshape(total // 2, 2), ("data", "model")), P("data")
-    if layout == "seq":
-        return Mesh(devices.reshape(total // 2, 2), ("data", "seq")), P("data", "seq")
-    # tp_across: the model axis spans the processes, so every process holds every row
-    grid = devices.reshape(num_processes, total // num_processes).T
-    return Mesh(grid, ("data", "model")), P("data")
 
 
 def _check(arr: jax.Array, ref: np.ndarray, mesh: Mesh) -> dict[str, bool]:
@@ -68,7 +50,7 @@ def _check(arr: jax.Array, ref: np.ndarray, mesh: Mesh) -> dict[str, bool]:
 def run_layout(layout: str, num_processes: int) -> dict:
     """Plan, read and place two fields, tokens (B, WIDTH) and labels (B,), as the loader
     would, and check both; the result as plain JSON values."""
-    mesh, spec = _mesh_and_spec(layout, num_processes)
+    mesh, spec = mesh_and_spec(layout, num_processes)
     batch = 2 * jax.device_count()
     shapes = {"tokens": (batch, WIDTH), "label": (batch,)}
     plans = plan_fields(batch_sharding(mesh, spec), shapes)

@@ -1,8 +1,8 @@
 """`Shard`: one shard file, mapped read-only, validated once, then read in O(1) per record.
 
 Opening checks every rule of docs/format.md that does not need the record bytes (R1-R15),
-vectorized; record checksums (R16) are checked by `verify` or, per read, with
-``verify=True``. The mapping is read-only: writing into a returned view raises.
+vectorized; the record rules (R16-R18: checksums, UTF-8, bool bytes) are checked by
+`verify` or, per read, with ``verify=True``. The mapping is read-only: writing into a returned view raises.
 """
 
 from __future__ import annotations

@@ -15,10 +15,10 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Sized
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Literal, Protocol, get_args
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -38,19 +38,15 @@ from roxxel.phases import (
     fail,
     integer_weights,
     own_unit,
+    phase_caps,
     phase_spaces,
     refilled,
+    refills_before,
 )
 
 __all__ = ["Cap", "Mixture", "OnExhausted", "Phase"]
 
 OnExhausted = Literal["stop", "refill"]
-
-
-class Sized(Protocol):
-    """What a mixture needs of a source: its number of samples."""
-
-    def __len__(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +64,7 @@ class _Origin:
     position: int
     ledger: Ledger | None
     parent: str
+    refills: tuple[int, ...] | None = None  # units refills gave each source before it
 
 
 class Mixture:
@@ -129,8 +126,8 @@ class Mixture:
         phases' ``end_step`` are absolute steps after ``step``. Its first position is
         ``old.position_at(step)`` and each source's next draw is the one ``old`` would have
         made next, so across the switch no draw repeats and none is skipped (at each window
-        length). Caps count every draw since step 0. Steps before ``step`` are not part of
-        the new mixture.
+        length). Caps count every draw since step 0, beyond what refills gave back before
+        ``step``. Steps before ``step`` are not part of the new mixture.
         """
         step = check_int("Mixture.continue_from: step", step, old.origin_step)
         position = old.position_at(step)
@@ -141,7 +138,10 @@ class Mixture:
         policy = old.on_exhausted if on_exhausted is None else on_exhausted
         options = _Options(old.batch_size, new_caps, old.seed, old.shuffle, policy)
         new = cls.__new__(cls)
-        origin = _Origin(step, position, old.ledger_at(position), old.fingerprint())
+        p = old._stream_at(position)  # refills carry over: caps count draws beyond them
+        at = (old._cap_units, old._spaces[p], position - old._pos_starts[p])
+        refills = refills_before(old._streams[p], old._allowances[p], *at)
+        origin = _Origin(step, position, old.ledger_at(position), old.fingerprint(), refills)
         new._setup(dict(zip(old.names, old.sources, strict=True)), phases, options, origin)
         return new
 
@@ -205,22 +205,25 @@ class Mixture:
 
     def _build_streams(self) -> None:
         ledger = self._origin.ledger or Ledger.empty(len(self.names))
-        allowance, refill = list(self._cap_units), self.on_exhausted == "refill"
+        refills = self._origin.refills or (0,) * len(self.names)
+        caps_now = zip(self._cap_units, refills, strict=True)
+        allowance = [None if c is None else c + r for c, r in caps_now]
+        refill = self.on_exhausted == "refill"
         self._streams: list[PhaseStream] = []
         self._ledgers: list[Ledger] = []
+        self._allowances: list[list[int | None]] = []  # each phase's, at its start
         self.num_positions: int | None = None
         for p, weights in enumerate(self._weights):
-            length, units = self.schedule.num_positions(p), [s.unit for s in self._spaces[p]]
+            length = self.schedule.num_positions(p)
+            caps, units = phase_caps(self._cap_units, self._spaces[p])
             remaining = [
                 None if a is None else max(0, a - c) // u
                 for a, c, u in zip(allowance, ledger.units, units, strict=True)
             ]
-            caps = [
-                None if c is None else c // u for c, u in zip(self._cap_units, units, strict=True)
-            ]
             stream = PhaseStream(weights, remaining, caps, length, refill)
             self._streams.append(stream)
             self._ledgers.append(ledger)
+            self._allowances.append(allowance)
             if stream.length is None:
                 return
             allowance = refilled(stream, allowance, caps, units)

@@ -8,12 +8,12 @@ keys are errors: a typo never silently changes a training run.
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sized
 from pathlib import Path
 from typing import Any
 
 from roxxel.errors import ConfigError
-from roxxel.mixture import Cap, Mixture, Phase, Sized
+from roxxel.mixture import Cap, Mixture, Phase
 
 __all__ = ["OpenSource", "load_mixture", "mixture_from_config"]
 

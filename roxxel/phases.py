@@ -190,18 +190,36 @@ def phase_spaces(
     return found
 
 
-def refilled(stream: PhaseStream, allowance: list, caps: Sequence, units: Sequence) -> list:
-    """Allowances (in units) after a phase: each refill cycle adds the phase's cap, in whole
-    samples of the phase's length, to each source the phase weights."""
-    first = stream.first.total or 0
-    if stream.cycle is None or stream.length is None or stream.length <= first:
+def refilled(
+    stream: PhaseStream, allowance: list, caps: Sequence, units: Sequence, upto: int | None = None
+) -> list:
+    """Allowances (in units) after a phase, or after its first ``upto`` positions: each
+    refill cycle begun adds the phase's cap, in whole samples of the phase's length, to
+    each source the phase weights."""
+    first, n = stream.first.total or 0, stream.length if upto is None else upto
+    if stream.cycle is None or n is None or n <= first:
         return allowance
-    rounds = -(-(stream.length - first) // (stream.cycle.total or 1))
+    rounds = -(-(n - first) // (stream.cycle.total or 1))
     weights = stream.first.weights
     return [
         a if a is None or cap is None or w == 0 else a + rounds * cap * u
         for a, cap, u, w in zip(allowance, caps, units, weights, strict=True)
     ]
+
+
+def phase_caps(cap_units: Sequence, spaces: Sequence[Space]) -> tuple[list, list[int]]:
+    """Each source's cap in samples at a phase's window lengths, and those lengths' units."""
+    units = [s.unit for s in spaces]
+    return [None if c is None else c // u for c, u in zip(cap_units, units, strict=True)], units
+
+
+def refills_before(
+    stream: PhaseStream, allowance: list, cap_units: Sequence, spaces: Sequence[Space], upto: int
+) -> tuple[int, ...]:
+    """The units refills have given each capped source in a phase's first ``upto``
+    positions and before it (``allowance``: the phase's, at its start)."""
+    after = refilled(stream, allowance, *phase_caps(cap_units, spaces), upto)
+    return tuple(0 if c is None else a - c for a, c in zip(after, cap_units, strict=True))
 
 
 @dataclass(frozen=True, slots=True)

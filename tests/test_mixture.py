@@ -653,6 +653,22 @@ def test_continuing_a_windowed_mixture_keeps_each_length_where_it_was(m, data) -
         assert np.array_equal(whole[0][0], whole[1][0]) and np.array_equal(whole[0][1], whole[1][1])
 
 
+def test_continuing_keeps_what_refills_gave_back() -> None:
+    """w1's cap of 5 windows was refilled many times in phase 1; continuing at phase 2 must
+    not count those draws against one bare cap (found by hypothesis)."""
+    sources = {"w0": FakeWindows(16, 2), "w1": FakeWindows(20, 2)}
+    phases = [
+        Phase({"w0": 1}, end_step=1),
+        Phase({"w1": 1}, end_step=14),
+        Phase({"w0": 1, "w1": 1}),
+    ]
+    m = Mixture(sources, phases, batch_size=4, caps={"w1": Cap(samples=5)}, on_exhausted="refill")
+    same = Mixture.continue_from(m, 14, [Phase({"w0": 1, "w1": 1})])
+    start = m.position_at(14)
+    for got, want in zip(same.locate(start, start + 80), m.locate(start, start + 80), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_fingerprint_covers_each_phase_seq_len() -> None:
     def fp(seq_len):
         phases = [Phase({"w": 1}, end_step=3), Phase({"w": 1}, seq_len=seq_len)]

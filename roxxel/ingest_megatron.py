@@ -10,6 +10,7 @@ against the file sizes before anything is read through it. One record per sequen
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 from collections.abc import Iterator
@@ -67,10 +68,27 @@ def idx_path(bin_path: str) -> str:
 
 
 def read_megatron_index(bin_path: str) -> MegatronIndex:
-    """Parse and validate the ``.idx`` beside ``bin_path``.
+    """Parse and validate the ``.idx`` beside ``bin_path``, once per version of the pair in
+    this process (every work unit of a large corpus reads it: O(sequences) each time).
 
     Raises ConfigError naming the file, the byte offset or sequence, and the rule broken.
     """
+    stamps = tuple(_stamp(p) for p in (bin_path, idx_path(bin_path)))
+    return _read_index(bin_path, stamps)
+
+
+def _stamp(path: str) -> tuple[int, ...]:
+    """What changes when a file is rewritten: inode, size, modification and change times."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ()  # the parse names the missing file
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_index(bin_path: str, stamps: tuple) -> MegatronIndex:
+    del stamps  # the cache key: a rewritten pair is parsed again
     path = idx_path(bin_path)
     data = np.memmap(path, np.uint8, mode="r") if os.path.getsize(path) else np.empty(0, np.uint8)
     if data.size < _HEAD.size:

@@ -252,6 +252,16 @@ def test_hf_indices_mapping_and_dataset_dict_are_refused(tmp_path):
 # ---- Megatron ------------------------------------------------------------------------
 
 
+def test_megatron_index_is_parsed_once_per_version_of_the_pair(tmp_path):
+    from roxxel import ingest_megatron
+
+    src = write_megatron(tmp_path / "c", [[1, 2], [3]])
+    first = ingest_megatron.read_megatron_index(src)
+    assert ingest_megatron.read_megatron_index(src) is first  # the units of one pack share it
+    write_megatron(tmp_path / "c", [[1, 2], [3, 4, 5]])
+    assert ingest_megatron.read_megatron_index(src).lengths.tolist() == [2, 3]
+
+
 def test_megatron_pair_reads_sequences(tmp_path):
     seqs = [[1, 2, 3], [], [70000, 5]]
     write_megatron(tmp_path / "c", seqs)

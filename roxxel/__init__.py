@@ -10,34 +10,49 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from roxxel.dataset import Dataset, open_dataset, write_manifest
-from roxxel.dataset_writer import DatasetWriter
 from roxxel.errors import ConfigError, FormatError, RoxxelError, StateError
-from roxxel.reader import Corruption, Shard, open_shard
-from roxxel.schema import Field, Ragged, Schema
+from roxxel.format.dataset import Dataset, open_dataset, write_manifest
+from roxxel.format.dataset_writer import DatasetWriter
+from roxxel.format.reader import Corruption, Shard, open_shard
+from roxxel.format.schema import Field, Ragged, Schema
+from roxxel.format.writer import ShardInfo, ShardWriter, write_shard
 from roxxel.version import __version__
-from roxxel.writer import ShardInfo, ShardWriter, write_shard
 
 if TYPE_CHECKING:  # the lazy names below, for type checkers and editors only
-    from roxxel.device import batch_sharding
-    from roxxel.loader import Loader, LoaderConfig
-    from roxxel.mixture import Cap, Mixture, Phase
-    from roxxel.order import KeyedPermutation
-    from roxxel.views import Records, TokenWindows
+    from roxxel.loader.loader import Loader, LoaderConfig
+    from roxxel.loader.placement import batch_sharding
+    from roxxel.sampling.mixture import Cap, Mixture, Phase
+    from roxxel.sampling.order import KeyedPermutation
+    from roxxel.sources.records import Records
+    from roxxel.sources.windows import TokenWindows
 
 # name -> module that defines it; loaded on first attribute access.
 _LAZY = {
-    "Loader": "roxxel.loader",
-    "LoaderConfig": "roxxel.loader",
-    "TokenWindows": "roxxel.views",
-    "Records": "roxxel.views",
-    "Mixture": "roxxel.mixture",
-    "Phase": "roxxel.mixture",
-    "Cap": "roxxel.mixture",
-    "KeyedPermutation": "roxxel.order",
-    "batch_sharding": "roxxel.device",
+    "Loader": "roxxel.loader.loader",
+    "LoaderConfig": "roxxel.loader.loader",
+    "TokenWindows": "roxxel.sources.windows",
+    "Records": "roxxel.sources.records",
+    "Mixture": "roxxel.sampling.mixture",
+    "Phase": "roxxel.sampling.mixture",
+    "Cap": "roxxel.sampling.mixture",
+    "KeyedPermutation": "roxxel.sampling.order",
+    "batch_sharding": "roxxel.loader.placement",
 }
-_SUBMODULES = ("train", "checkpoint", "cli", "device", "loader", "mixture", "order", "views")
+# Packages, and the module names 0.1 had at the top level (kept as attributes, loaded on use).
+_SUBMODULES = {
+    "cli": "roxxel.cli",
+    "format": "roxxel.format",
+    "ingest": "roxxel.ingest",
+    "loader": "roxxel.loader",
+    "sampling": "roxxel.sampling",
+    "sources": "roxxel.sources",
+    "train": "roxxel.train",
+    "checkpoint": "roxxel.train.checkpoint",
+    "device": "roxxel.loader.placement",
+    "mixture": "roxxel.sampling.mixture",
+    "order": "roxxel.sampling.order",
+    "views": "roxxel.sources.records",
+}
 
 __all__ = [  # Cap, KeyedPermutation, Loader, ... load on first use (see _LAZY)
     "Cap",
@@ -76,7 +91,7 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value
         return value
     if name in _SUBMODULES:
-        return importlib.import_module(f"roxxel.{name}")
+        return importlib.import_module(_SUBMODULES[name])
     raise AttributeError(f"module 'roxxel' has no attribute {name!r}")
 
 

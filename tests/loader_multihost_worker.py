@@ -16,8 +16,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 import roxxel
-from roxxel.loader import Loader, LoaderConfig
-from roxxel.views import TokenWindows
+from roxxel.loader.loader import Loader, LoaderConfig
+from roxxel.sources.records import TokenWindows
 from tests.cluster import joined, mesh_and_spec, worker_main
 
 LAYOUTS = ("dp", "fsdp", "dp_tp", "seq", "tp_across")

@@ -1,4 +1,4 @@
-"""One process of a real multi-host run of roxxel.device, started by tests/test_multihost.py.
+"""One process of a real multi-host run of roxxel.loader.placement, started by tests/test_multihost.py.
 
 Usage: python multihost_worker.py PORT NUM_PROCESSES PROCESS_ID OUT_JSON, with XLA_FLAGS
 (--xla_force_host_platform_device_count) and JAX_PLATFORMS=cpu set by the parent.
@@ -21,7 +21,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from roxxel.device import batch_sharding, place_fields, plan_fields, union_rows
+from roxxel.loader.placement import batch_sharding, place_fields, plan_fields, union_rows
 from tests.cluster import joined, mesh_and_spec, worker_main
 
 LAYOUTS = ("dp", "dp_strided", "fsdp", "dp_tp", "seq", "tp_across")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from roxxel.format import TRAILER_BYTES, Trailer, index_checksum, parse_trailer
+from roxxel.format.spec import TRAILER_BYTES, Trailer, index_checksum, parse_trailer
 
 DATA = Path(__file__).resolve().parent / "data"
 GOLDEN = DATA / "golden-v1.rxs"

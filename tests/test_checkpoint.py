@@ -1,4 +1,4 @@
-"""Tests of roxxel.checkpoint: train state and loader state saved and restored together."""
+"""Tests of roxxel.train.checkpoint: train state and loader state saved and restored together."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from roxxel.checkpoint import CheckpointConfig, Checkpointer
 from roxxel.errors import ConfigError, StateError
+from roxxel.train.checkpoint import CheckpointConfig, Checkpointer
 
 
 def state(value: float) -> dict[str, jax.Array]:

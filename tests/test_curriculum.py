@@ -11,9 +11,9 @@ from jax.sharding import PartitionSpec as P
 
 import roxxel
 from roxxel.errors import ConfigError
-from roxxel.loader import Loader, LoaderConfig
-from roxxel.mixture import Cap, Mixture, Phase
-from roxxel.views import TokenWindows
+from roxxel.loader.loader import Loader, LoaderConfig
+from roxxel.sampling.mixture import Cap, Mixture, Phase
+from roxxel.sources.records import TokenWindows
 
 if jax.device_count() < 8:
     pytest.skip(f"needs 8 CPU devices ({jax.device_count()})", allow_module_level=True)

@@ -259,7 +259,7 @@ def test_m9_rejects_a_shard_with_another_schema(dataset_dir) -> None:
 
     def add(doc):
         size = (dataset_dir / "other.rxs").stat().st_size
-        info = roxxel.reader.shard_infos([dataset_dir / "other.rxs"])[0]
+        info = roxxel.format.reader.shard_infos([dataset_dir / "other.rxs"])[0]
         doc["shards"].append(
             {"path": "other.rxs", "num_records": 1, "num_bytes": size, "checksum": info.checksum}
         )

@@ -1,4 +1,4 @@
-"""Tests for roxxel.device: row plans from shardings and global jax.Array assembly.
+"""Tests for roxxel.loader.placement: row plans from shardings and global jax.Array assembly.
 
 Runs on 8 CPU devices; the device-count flag must be set before jax makes its CPU client.
 """
@@ -20,8 +20,8 @@ from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from roxxel import device  # noqa: E402
-from roxxel.device import RowPlan, batch_sharding, place  # noqa: E402
 from roxxel.errors import ConfigError  # noqa: E402
+from roxxel.loader.placement import RowPlacement, batch_sharding, place  # noqa: E402
 
 if jax.device_count() < 8:  # jax was initialised before this module set the flag
     pytest.skip(f"needs 8 CPU devices ({jax.device_count()}): set {_FLAG}", allow_module_level=True)
@@ -42,10 +42,12 @@ def _aligned(shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
     return raw[offset : offset + num_bytes].view(dtype).reshape(shape)
 
 
-def _place_checked(sharding, shape: tuple[int, ...], dtype=np.float32) -> tuple[RowPlan, jax.Array]:
+def _place_checked(
+    sharding, shape: tuple[int, ...], dtype=np.float32
+) -> tuple[RowPlacement, jax.Array]:
     """Plan, gather the planned rows from a reference batch, place, and compare everything."""
     ref = _reference(shape, dtype)
-    plan = RowPlan.for_sharding(sharding, shape)
+    plan = RowPlacement.for_sharding(sharding, shape)
     host = _aligned(plan.local_shape, dtype)
     host[...] = ref[plan.rows]
     arr = place(plan, host)
@@ -128,19 +130,19 @@ def test_bfloat16_rows_keep_their_dtype():
 def test_batch_not_divisible_by_data_shards_is_a_config_error():
     sharding = batch_sharding(_mesh((2, 4), ("data", "fsdp")), ("data", "fsdp"))
     with pytest.raises(ConfigError, match=r"global batch not divisible .*12 over 8 shards"):
-        RowPlan.for_sharding(sharding, (12, 3))
+        RowPlacement.for_sharding(sharding, (12, 3))
 
 
 def test_sequence_not_divisible_names_the_dimension():
     sharding = batch_sharding(_mesh((4, 2), ("data", "seq")), P("data", "seq"))
     with pytest.raises(ConfigError, match=r"dimension 1 not divisible .*5 over 2 shards"):
-        RowPlan.for_sharding(sharding, (8, 5))
+        RowPlacement.for_sharding(sharding, (8, 5))
 
 
 def test_spec_longer_than_the_array_is_a_config_error_and_fit_sharding_trims_it():
     sharding = batch_sharding(_mesh((4, 2), ("data", "seq")), P("data", "seq"))
     with pytest.raises(ConfigError, match="more dimensions than the array"):
-        RowPlan.for_sharding(sharding, (8,))
+        RowPlacement.for_sharding(sharding, (8,))
     fitted = device.fit_sharding(sharding, 1)
     assert isinstance(fitted, NamedSharding) and fitted.spec == P("data")
     _place_checked(fitted, (8,))
@@ -148,7 +150,7 @@ def test_spec_longer_than_the_array_is_a_config_error_and_fit_sharding_trims_it(
 
 def test_scalar_shape_is_a_config_error():
     with pytest.raises(ConfigError, match="scalar"):
-        RowPlan.for_sharding(SingleDeviceSharding(jax.devices()[0]), ())
+        RowPlacement.for_sharding(SingleDeviceSharding(jax.devices()[0]), ())
 
 
 def test_batch_sharding_rejects_an_unknown_axis():
@@ -158,21 +160,23 @@ def test_batch_sharding_rejects_an_unknown_axis():
 
 def test_plan_is_cached_per_sharding_and_shape():
     sharding = batch_sharding(_mesh((8,), ("data",)), "data")
-    assert RowPlan.for_sharding(sharding, (8, 2)) is RowPlan.for_sharding(sharding, [8, 2])
-    assert not RowPlan.for_sharding(sharding, (8, 2)).rows.flags.writeable
+    assert RowPlacement.for_sharding(sharding, (8, 2)) is RowPlacement.for_sharding(
+        sharding, [8, 2]
+    )
+    assert not RowPlacement.for_sharding(sharding, (8, 2)).rows.flags.writeable
 
 
 def test_full_plan_reads_every_row_and_cannot_be_placed():
-    plan = RowPlan.full(4)
+    plan = RowPlacement.full(4)
     assert plan.rows.tolist() == [0, 1, 2, 3] and plan.sharding is None
     with pytest.raises(ConfigError, match="no sharding"):
         place(plan, np.zeros((4,), np.float32))
     with pytest.raises(ConfigError, match="global batch"):
-        RowPlan.full(0)
+        RowPlacement.full(0)
 
 
 def test_place_rejects_a_host_block_of_the_wrong_shape():
-    plan = RowPlan.for_sharding(batch_sharding(_mesh((8,), ("data",)), "data"), (8, 2))
+    plan = RowPlacement.for_sharding(batch_sharding(_mesh((8,), ("data",)), "data"), (8, 2))
     with pytest.raises(ConfigError, match=r"host block shape \(8, 3\)"):
         place(plan, np.zeros((8, 3), np.float32))
     with pytest.raises(TypeError):
@@ -196,7 +200,7 @@ class _ProcessView:
 def test_plan_reads_only_the_rows_of_addressable_devices():
     mesh = _mesh((4, 2), ("data", "model"))  # data shard k lives on devices 2k, 2k+1
     view = _ProcessView(batch_sharding(mesh, "data"), {0, 1, 4, 5})
-    plan = RowPlan.for_sharding(view, (16, 2))  # type: ignore[arg-type]
+    plan = RowPlacement.for_sharding(view, (16, 2))  # type: ignore[arg-type]
     assert plan.rows.tolist() == [0, 1, 2, 3, 8, 9, 10, 11]  # data shards 0 and 2, once each
     ref = _reference((16, 2))
     host = ref[plan.rows]
@@ -227,7 +231,7 @@ def test_plan_fields_needs_a_sharding_for_every_field():
 
 def test_place_with_a_superset_of_rows_takes_each_device_range():
     view = _ProcessView(batch_sharding(_mesh((4, 2), ("data", "model")), "data"), {0, 1, 4, 5})
-    plan = RowPlan.for_sharding(view, (16,))  # type: ignore[arg-type]
+    plan = RowPlacement.for_sharding(view, (16,))  # type: ignore[arg-type]
     full = np.arange(16, dtype=np.int64)
     positions = device._positions(plan, np.zeros(16), full)
     assert positions == [(0, 4), (0, 4), (8, 12), (8, 12)]
@@ -237,7 +241,7 @@ def test_place_with_a_superset_of_rows_takes_each_device_range():
 
 def test_on_release_waits_until_jax_drops_the_aliased_block():
     sharding = batch_sharding(_mesh((4, 2), ("data", "model")), "data")
-    plan = RowPlan.for_sharding(sharding, (8, 16))
+    plan = RowPlacement.for_sharding(sharding, (8, 16))
     host = _aligned(plan.local_shape)
     host[...] = _reference((8, 16))
     released: list[int] = []
@@ -276,7 +280,7 @@ def test_is_ready_reports_finished_arrays():
 
 def test_copy_frees_the_host_block_when_place_returns():
     sharding = batch_sharding(_mesh((4, 2), ("data", "model")), "data")
-    plan = RowPlan.for_sharding(sharding, (8, 16))
+    plan = RowPlacement.for_sharding(sharding, (8, 16))
     assert device.aliases_host(plan)  # CPU devices share aligned host memory
     ref = _reference((8, 16))
     host = _aligned(plan.local_shape)
@@ -291,7 +295,7 @@ def test_copy_frees_the_host_block_when_place_returns():
 
 
 def test_a_strided_host_block_is_copied_and_placed():
-    plan = RowPlan.for_sharding(batch_sharding(_mesh((8,), ("data",)), "data"), (8, 3))
+    plan = RowPlacement.for_sharding(batch_sharding(_mesh((8,), ("data",)), "data"), (8, 3))
     ref = _reference((8, 3))
     wide = np.zeros((8, 6), np.float32)
     wide[:, ::2] = ref

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 import roxxel
 from roxxel import FormatError
-from roxxel import writer as writer_module
-from roxxel.format import META_MAX_BYTES, TRAILER_BYTES
+from roxxel.format import writer as writer_module
+from roxxel.format.spec import META_MAX_BYTES, TRAILER_BYTES
 from tests.shardbytes import (
     GOLDEN,
     GOLDEN_ZSTD,
@@ -369,7 +369,7 @@ def test_r17_rejects_text_that_is_not_utf8(tmp_path) -> None:
 @pytest.mark.parametrize("codec", ["none", "zstd"])
 def test_r18_a_bool_byte_other_than_0_or_1_is_refused(tmp_path, monkeypatch, codec) -> None:
     """Bytes 0, 2, 1 stored (checksums valid) by a writer that skips its own R18 guard."""
-    from roxxel import schema as schema_module
+    from roxxel.format import schema as schema_module
 
     raw = np.frombuffer(bytes([0, 2, 1]), np.bool_)
     monkeypatch.setattr(schema_module, "_exact_cast", lambda array, field, where: array)

@@ -1,4 +1,4 @@
-"""Tests for roxxel.ingest: input discovery, work units, every reader, schema inference."""
+"""Tests for roxxel.ingest.inputs: input discovery, work units, every reader, schema inference."""
 
 from __future__ import annotations
 
@@ -11,26 +11,26 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from roxxel import ingest_text
 from roxxel.errors import ConfigError
-from roxxel.ingest import (
+from roxxel.ingest import text as ingest_text
+from roxxel.ingest.inputs import (
     BadRecords,
     Input,
     ReadOptions,
+    cut_units,
     detect_format,
     expand_inputs,
     infer_schema,
     locate,
-    plan_units,
     read_unit,
 )
-from roxxel.ingest_megatron import MAGIC
+from roxxel.ingest.megatron import MAGIC
 
 
 def _records(inputs, unit_bytes=1 << 20, opts=None, bad=None):
     opts = opts or ReadOptions()
     bad = bad if bad is not None else BadRecords()
-    units = plan_units(inputs, unit_bytes)
+    units = cut_units(inputs, unit_bytes)
     return [(r, locate(p, k)) for u in units for r, p, k in read_unit(u, opts, bad)]
 
 
@@ -149,7 +149,7 @@ def test_npy_rows_in_pieces(tmp_path):
     array = np.arange(60, dtype=np.uint8).reshape(10, 2, 3)
     np.save(tmp_path / "x.npy", array)
     inputs = expand_inputs([str(tmp_path / "x.npy")])
-    units = plan_units(inputs, unit_bytes=20)
+    units = cut_units(inputs, unit_bytes=20)
     assert len(units) > 1
     got = _records(inputs, unit_bytes=20, opts=ReadOptions(field="image"))
     np.testing.assert_array_equal(np.stack([r["image"] for r, _ in got]), array)
@@ -159,7 +159,7 @@ def test_npy_rows_in_pieces(tmp_path):
 def test_npy_object_array_is_refused_without_unpickling(tmp_path):
     np.save(tmp_path / "o.npy", np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
     with pytest.raises(ConfigError, match=r"o\.npy: not a readable \.npy"):
-        expand_inputs([str(tmp_path / "o.npy")]) and plan_units(
+        expand_inputs([str(tmp_path / "o.npy")]) and cut_units(
             expand_inputs([str(tmp_path / "o.npy")]), 100
         )
 
@@ -194,7 +194,7 @@ def test_parquet_row_groups_become_pieces(tmp_path):
     pq.write_table(_table(), tmp_path / "a.parquet", row_group_size=2)
     inputs = expand_inputs([str(tmp_path / "a.parquet")])
     got = _records(inputs, unit_bytes=1)
-    assert len(plan_units(inputs, 1)) == 3
+    assert len(cut_units(inputs, 1)) == 3
     assert [r["text"] for r, _ in got] == [f"t{i}" for i in range(6)]
     np.testing.assert_array_equal(got[4][0]["tokens"], np.arange(4, dtype=np.int32))
     assert got[5][0]["label"].dtype == np.int16 and got[5][1].endswith("a.parquet: row 5")
@@ -253,7 +253,7 @@ def test_hf_indices_mapping_and_dataset_dict_are_refused(tmp_path):
 
 
 def test_megatron_index_is_parsed_once_per_version_of_the_pair(tmp_path):
-    from roxxel import ingest_megatron
+    from roxxel.ingest import megatron as ingest_megatron
 
     src = write_megatron(tmp_path / "c", [[1, 2], [3]])
     first = ingest_megatron.read_megatron_index(src)
@@ -287,14 +287,14 @@ def test_megatron_bad_index_is_refused(tmp_path, mutate, message):
     idx = tmp_path / "c.idx"
     idx.write_bytes(mutate(idx.read_bytes()))
     with pytest.raises(ConfigError, match=message):
-        plan_units(expand_inputs([str(tmp_path / "c.bin")]), 100)
+        cut_units(expand_inputs([str(tmp_path / "c.bin")]), 100)
 
 
 def test_megatron_pointer_past_bin_end_is_refused(tmp_path):
     write_megatron(tmp_path / "c", [[1, 2], [3]])
     (tmp_path / "c.bin").write_bytes(b"\x00" * 8)  # 2 tokens, the index says 3
     with pytest.raises(ConfigError, match=r"sequence 1: pointer 8, length 1"):
-        plan_units(expand_inputs([str(tmp_path / "c.bin")]), 100)
+        cut_units(expand_inputs([str(tmp_path / "c.bin")]), 100)
 
 
 def test_megatron_missing_idx(tmp_path):
@@ -334,7 +334,7 @@ def test_unknown_extension_asks_for_format():
 def test_plan_is_deterministic_and_covers_inputs(tmp_path):
     paths = [_write_jsonl(tmp_path / f"{i}.jsonl", [{"x": j} for j in range(50)]) for i in range(3)]
     inputs = expand_inputs(paths)
-    a, b = plan_units(inputs, 100), plan_units(inputs, 100)
+    a, b = cut_units(inputs, 100), cut_units(inputs, 100)
     assert a == b and [u.index for u in a] == list(range(len(a)))
     total = sum(p.num_bytes for u in a for p in u.pieces)
     assert total == sum(os.path.getsize(p) for p in paths)
@@ -342,7 +342,7 @@ def test_plan_is_deterministic_and_covers_inputs(tmp_path):
 
 def test_small_files_are_grouped_into_one_unit(tmp_path):
     paths = [_write_jsonl(tmp_path / f"{i}.jsonl", [{"x": i}]) for i in range(5)]
-    units = plan_units(expand_inputs(paths), 1 << 20)
+    units = cut_units(expand_inputs(paths), 1 << 20)
     assert len(units) == 1 and len(units[0].pieces) == 5
 
 

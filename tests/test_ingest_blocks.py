@@ -11,11 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 
 import roxxel
-from roxxel import ingest_megatron, ingest_numpy
 from roxxel.cli import main
 from roxxel.errors import ConfigError
-from roxxel.ingest_megatron import MAGIC
-from roxxel.ingest_units import Block, Piece, RangeReader
+from roxxel.ingest import megatron as ingest_megatron
+from roxxel.ingest import npy as ingest_numpy
+from roxxel.ingest.megatron import MAGIC
+from roxxel.ingest.units import Block, Piece, RangeReader
 from tests.test_ingest import write_megatron
 
 
@@ -201,7 +202,7 @@ def test_arrow_block_errors_name_the_row(tmp_path, capsys):
 
 
 def test_a_sliced_list_column_gives_only_its_own_values():
-    from roxxel.ingest_arrow import _batch_block
+    from roxxel.ingest.arrow import _batch_block
 
     lists = pa.array([[1, 2], [3], [4, 5, 6]], pa.list_(pa.int32()))
     batch = pa.record_batch({"t": lists, "s": ["a", "b", "c"]}).slice(1)

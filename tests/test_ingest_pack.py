@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import roxxel
-from roxxel import ingest_pack
 from roxxel.cli import main
-from roxxel.ingest_schema import max_record_bytes, project_record
-from roxxel.schema import Schema
+from roxxel.format.schema import Schema
+from roxxel.ingest import pack as ingest_pack
+from roxxel.ingest.infer import max_record_bytes, project_record
 from tests.test_ingest_pool import WORKER_ONLY
 
 FIELDS = ["--field", "id:int64", "--field", "tokens:uint16[]", "--field", "text:str"]

@@ -12,13 +12,13 @@ import threading
 import numpy as np
 import pytest
 
-from roxxel import ingest_pool
 from roxxel.cli import main
 from roxxel.errors import ConfigError, RoxxelError
-from roxxel.ingest import Input, plan_units
-from roxxel.ingest_pack import PackConfig
-from roxxel.ingest_pool import UnitPool, start_method
-from roxxel.ingest_units import BadRecords, ReadOptions
+from roxxel.ingest import pool as ingest_pool
+from roxxel.ingest.inputs import Input, cut_units
+from roxxel.ingest.pack import PackConfig
+from roxxel.ingest.pool import UnitPool, start_method
+from roxxel.ingest.units import BadRecords, ReadOptions
 
 
 def _corpus(path, n=300):
@@ -33,7 +33,7 @@ def _files(root):
 
 
 def test_fork_is_chosen_only_without_other_threads():
-    code = "from roxxel.ingest_pool import start_method; print(start_method())"
+    code = "from roxxel.ingest.pool import start_method; print(start_method())"
     fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert fresh.stdout.strip() == ("fork" if sys.platform == "linux" else "forkserver")
     stop = threading.Event()
@@ -57,7 +57,7 @@ def test_a_forked_cli_pack_gives_the_bytes_of_one_process(tmp_path):
 
 def test_every_start_method_packs_each_unit_once(tmp_path, monkeypatch):
     src = _corpus(tmp_path / "in.jsonl")
-    units = plan_units([Input(str(src), "jsonl")], 2048)
+    units = cut_units([Input(str(src), "jsonl")], 2048)
     for method in ("forkserver", "spawn"):
         monkeypatch.setattr(ingest_pool, "start_method", lambda m=method: m)
         out = tmp_path / method
@@ -118,7 +118,7 @@ def test_errors_from_json_rebuild_roxxel_classes():
 
 def test_leaving_the_pool_early_stops_and_joins_the_workers(tmp_path):
     src = _corpus(tmp_path / "in.jsonl", n=2000)
-    units = plan_units([Input(str(src), "jsonl")], 1024)
+    units = cut_units([Input(str(src), "jsonl")], 1024)
     (tmp_path / ".roxxel-pack").mkdir()
     config = PackConfig(str(tmp_path), {"tokens": "int32[]"}, "f" * 32, ReadOptions())
     pool = UnitPool(config, units, 2)

@@ -20,10 +20,10 @@ from jax.sharding import PartitionSpec as P
 
 import roxxel
 from roxxel.errors import ConfigError, StateError
-from roxxel.loader import Loader, LoaderConfig, host_rng
-from roxxel.pipeline import BufferPool, Layout, Prefetcher
-from roxxel.steps import plan_for
-from roxxel.views import TokenWindows
+from roxxel.loader.host import BufferPool, Prefetcher, RowSpec
+from roxxel.loader.loader import Loader, LoaderConfig, host_rng
+from roxxel.loader.steps import picker_for
+from roxxel.sources.records import TokenWindows
 
 if jax.device_count() < 8:
     pytest.skip(f"needs 8 CPU devices ({jax.device_count()})", allow_module_level=True)
@@ -110,7 +110,9 @@ def test_a_huge_start_step_costs_nothing_and_matches_the_arithmetic(dataset):
         batch = next(loader)
         assert loader.state()["step"] == step + 1
     draws = step * 4 + np.arange(4)
-    expected = roxxel.order.records_for_draws(NUM_RECORDS, draws, seed=5, source=0, shuffle=True)
+    expected = roxxel.sampling.order.records_for_draws(
+        NUM_RECORDS, draws, seed=5, source=0, shuffle=True
+    )
     np.testing.assert_array_equal(batch["label"], expected)
 
 
@@ -441,9 +443,11 @@ def test_picks_do_not_depend_on_the_order_steps_are_asked_in(dataset, second, mi
     source = _mixture(dataset, second) if mixed else dataset
 
     def fresh(step, rows):
-        return plan_for(source, None if mixed else 5, config, seed=2, shuffle=True).pick(step, rows)
+        return picker_for(source, None if mixed else 5, config, seed=2, shuffle=True).pick(
+            step, rows
+        )
 
-    plan = plan_for(source, None if mixed else 5, config, seed=2, shuffle=True)
+    plan = picker_for(source, None if mixed else 5, config, seed=2, shuffle=True)
     steps = [*range(12), 3, 0, 11, 7, 7, 2, 13, 12, 20, 1, *range(4, 9)]
     for k, step in enumerate(steps):
         size = plan.batch_size_at(step)
@@ -460,7 +464,7 @@ def test_picks_do_not_depend_on_the_order_steps_are_asked_in(dataset, second, mi
 
 
 def test_buffer_pool_takes_a_buffer_back_only_when_every_view_is_gone():
-    pool = BufferPool(Layout.of({"x": ((3,), np.int32), "y": ((), np.float64)}), 5, keep=1)
+    pool = BufferPool(RowSpec.of({"x": ((3,), np.int32), "y": ((), np.float64)}), 5, keep=1)
     batch = pool.acquire()
     assert all(a.ctypes.data % 64 == 0 for a in batch.values())
     view = batch["x"][2:]
@@ -554,14 +558,14 @@ class _AdviceSpy:
 def test_read_ahead_runs_only_while_reads_miss_the_page_cache(dataset, monkeypatch, cold):
     ticks = iter(range(10**6))
     faults = (lambda: next(ticks)) if cold else (lambda: 0)
-    monkeypatch.setattr(roxxel.loader, "_major_faults", faults)
+    monkeypatch.setattr(roxxel.loader.loader, "_major_faults", faults)
     spy = _AdviceSpy(roxxel.Records(dataset, fields=["label", "image"]))
     loader = Loader(spy, 4, config=LoaderConfig(num_epochs=None, readahead=2))
     for step in range(20):  # the assembler alone: no thread, so the count is exact
         loader._assembler(step)
     if cold:  # every step advised once, two steps ahead of its read
         assert len(spy.advised) == 22
-        expected = roxxel.order.records_for_draws(
+        expected = roxxel.sampling.order.records_for_draws(
             NUM_RECORDS, np.arange(21 * 4, 22 * 4), seed=0, source=0, shuffle=True
         )
         np.testing.assert_array_equal(spy.advised[-1], expected)

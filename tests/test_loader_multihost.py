@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import roxxel
-from roxxel.loader import Loader
+from roxxel.loader.loader import Loader
 from tests import loader_multihost_worker as worker
 from tests.cluster import run_group
 

@@ -1,4 +1,4 @@
-"""Mixtures: interleave, phases, caps, exhaustion, seeking, continuation (roxxel.mixture)."""
+"""Mixtures: interleave, phases, caps, exhaustion, seeking, continuation (roxxel.sampling.mixture)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from roxxel.errors import ConfigError
-from roxxel.interleave import Interleave, sort_draws
-from roxxel.mixture import Cap, Mixture, Phase
+from roxxel.sampling.interleave import Interleave, sort_draws
+from roxxel.sampling.mixture import Cap, Mixture, Phase
 
 WALK = 240  # positions walked one by one per example
 

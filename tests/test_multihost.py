@@ -1,4 +1,4 @@
-"""Real multi-host runs of roxxel.device: 2 and 4 local processes joined by jax.distributed.
+"""Real multi-host runs of roxxel.loader.placement: 2 and 4 local processes joined by jax.distributed.
 
 Each process runs tests/multihost_worker.py on its own CPU devices (gloo collectives). The
 worker checks the assembled global batch against the single-process reference (its shards, a

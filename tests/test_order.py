@@ -1,4 +1,4 @@
-"""Keyed permutations and epochs (roxxel.order)."""
+"""Keyed permutations and epochs (roxxel.sampling.order)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from roxxel.errors import ConfigError
-from roxxel.order import KeyedPermutation, epoch_key, records_for_draws, records_for_sources
+from roxxel.sampling.order import (
+    KeyedPermutation,
+    epoch_key,
+    records_for_draws,
+    records_for_sources,
+)
 
 PRIMES = [2, 3, 5, 7, 11, 13, 101, 997, 7919, 65537]
 KEYS = st.integers(0, 2**64 - 1)

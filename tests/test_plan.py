@@ -1,4 +1,4 @@
-"""Planning a mixture (roxxel.plan) and building it from TOML (roxxel.mixture_toml)."""
+"""Planning a mixture (roxxel.sampling.report) and building it from TOML (roxxel.sampling.from_toml)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from roxxel.errors import ConfigError
-from roxxel.mixture import Cap, Mixture, Phase
-from roxxel.mixture_toml import load_mixture, mixture_from_config
-from roxxel.plan import plan_report, plot_shares, share_curve
+from roxxel.sampling.from_toml import load_mixture, mixture_from_config
+from roxxel.sampling.mixture import Cap, Mixture, Phase
+from roxxel.sampling.report import plan_report, plot_shares, share_curve
 
 
 class FakeSource:
@@ -218,7 +218,7 @@ def test_toml_phase_seq_len_re_cuts_token_windows_and_the_plan_counts_their_toke
     tmp_path: Path,
 ) -> None:
     import roxxel
-    from roxxel.views import TokenWindows
+    from roxxel.sources.records import TokenWindows
 
     with roxxel.DatasetWriter(tmp_path / "web", roxxel.Schema.parse({"tokens": "int32[]"})) as w:
         for i in range(40):

@@ -1,4 +1,4 @@
-"""Tests of roxxel.train.fit and roxxel.metrics: resume, preemption, crashes, NaN, logging.
+"""Tests of roxxel.train.loop.fit and roxxel.train.metrics: resume, preemption, crashes, NaN, logging.
 
 A tiny fake loader (batches are a pure function of the step) stands in for roxxel.Loader,
 so these tests exercise only the loop. Runs that must die for real (kill -9, SIGTERM) run
@@ -25,10 +25,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import roxxel
-from roxxel.checkpoint import CheckpointConfig, Checkpointer
 from roxxel.errors import ConfigError, StateError
-from roxxel.metrics import MetricsLogger
-from roxxel.train import TrainConfig, fit, split_step_output
+from roxxel.train.checkpoint import CheckpointConfig, Checkpointer
+from roxxel.train.loop import TrainConfig, fit, split_step_output
+from roxxel.train.metrics import MetricsLogger
 
 W_TRUE = np.array([1.0, -2.0, 3.0, 0.5], np.float32)
 

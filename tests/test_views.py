@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 import roxxel
 from roxxel.errors import ConfigError
-from roxxel.steps import plan_for
-from roxxel.views import Records, TokenWindows, as_source, takes_rows
-from roxxel.windows import blend_of
+from roxxel.loader.steps import picker_for
+from roxxel.sources.records import Records, TokenWindows, as_source, takes_rows
+from roxxel.sources.windows import blend_of
 
 SCHEMA = {"tokens": "int32[]", "label": "int64", "image": "uint8[2,3]", "text": "str"}
 
@@ -224,13 +224,13 @@ def test_as_source_wraps_a_dataset_and_passes_sources_through(corpus):
 
 def _record_advice(monkeypatch):
     calls = []
-    real = roxxel.reader.Shard.advise
+    real = roxxel.format.reader.Shard.advise
 
     def spy(shard, field, start, stop):
         calls.append((str(shard.path), field, start, stop))
         real(shard, field, start, stop)
 
-    monkeypatch.setattr(roxxel.reader.Shard, "advise", spy)
+    monkeypatch.setattr(roxxel.format.reader.Shard, "advise", spy)
     return calls
 
 
@@ -367,7 +367,7 @@ def _mixture_batches(sources, num_steps):
         dict(zip("abc", sources, strict=True)), {"a": 3, "b": 2, "c": 1}, batch_size=16
     )
     config = types.SimpleNamespace(fields=None, max_len=None, final_batch="drop")
-    plan = plan_for(mixture, None, config, seed=0, shuffle=True)
+    plan = picker_for(mixture, None, config, seed=0, shuffle=True)
     rows, batches = np.arange(16), []
     for step in range(num_steps):
         pick = plan.pick(step, rows)

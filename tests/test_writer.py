@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import roxxel
 from roxxel import ConfigError, FormatError
-from roxxel.schema import NUMERIC_DTYPES
+from roxxel.format.schema import NUMERIC_DTYPES
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,0 +1,64 @@
+"""The ``roxxel`` command: parse arguments, call the library, print, return an exit status.
+
+Exit status: 0 on success, 1 when roxxel refuses the data or configuration (one line on
+stderr, no traceback), 2 for a wrong command line (with its usage), 130 on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from roxxel.cli.args import UsageError
+from roxxel.cli.inspect_cmds import add_inspect_parsers
+from roxxel.cli.pack import add_merge_parser, add_pack_parser
+from roxxel.cli.plan import add_plan_parser
+from roxxel.errors import RoxxelError
+from roxxel.version import __version__
+
+__all__ = ["build_parser", "main"]
+
+EPILOG = """examples:
+  roxxel pack corpus/*.jsonl -o data/corpus --field tokens:int32[]
+  roxxel info data/corpus
+  roxxel verify data/corpus
+  roxxel cat data/corpus 0 -1 --json
+Run `roxxel COMMAND --help` for each command's options."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="roxxel",
+        description="Pack data into roxxel shards and inspect datasets.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"roxxel {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add_pack_parser(sub)
+    add_merge_parser(sub)
+    add_inspect_parsers(sub)
+    add_plan_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one ``roxxel`` command; returns its exit status (the entry point exits with it)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse exits 2 on bad usage, 0 for --help
+        return e.code if isinstance(e.code, int) else 2
+    try:
+        return int(args.func(args))
+    except UsageError as e:
+        print(
+            f"roxxel {args.command}: error: {e} (see roxxel {args.command} --help)", file=sys.stderr
+        )
+        return 2
+    except (RoxxelError, OSError) as e:
+        print(f"roxxel {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"roxxel {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,202 @@
+"""``roxxel info``, ``verify``, ``cat`` and ``bench``: look at a packed dataset."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import multiprocessing
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from roxxel.errors import ConfigError, FormatError
+from roxxel.format.dataset import Dataset, open_dataset
+from roxxel.format.reader import Corruption
+
+__all__ = ["add_inspect_parsers"]
+
+_RAW = argparse.RawDescriptionHelpFormatter
+
+
+def add_inspect_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("info", help="schema, records, bytes, tokens, shards", formatter_class=_RAW,
+                       description="Describe a dataset.", epilog="example:\n  roxxel info data/corpus --json")  # fmt: skip
+    p.add_argument("dataset", metavar="DIR")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_info)
+    p = sub.add_parser("verify", help="check every checksum (exit 1 on corruption)", formatter_class=_RAW,
+                       description="Check every record checksum of every shard, in parallel.",
+                       epilog="example:\n  roxxel verify data/corpus --workers 4")  # fmt: skip
+    p.add_argument("dataset", metavar="DIR")
+    p.add_argument(
+        "--workers", type=int, default=os.cpu_count() or 1, metavar="N", help="processes"
+    )
+    p.set_defaults(func=cmd_verify)
+    p = sub.add_parser("cat", help="print records", formatter_class=_RAW,
+                       description="Print records by global index (negative counts from the end).",
+                       epilog="example:\n  roxxel cat data/corpus 0 1 -1 --json")  # fmt: skip
+    p.add_argument("dataset", metavar="DIR")
+    p.add_argument("indices", nargs="+", type=int, metavar="INDEX")
+    p.add_argument("--json", action="store_true", help="one JSON object per line (bytes as base64)")
+    p.set_defaults(func=cmd_cat)
+    p = sub.add_parser("bench", help="measure read speed on this machine", formatter_class=_RAW,
+                       description="Measure sequential and random batch read speed of a dataset.",
+                       epilog="example:\n  roxxel bench data/corpus --batch-size 256 --num-batches 100")  # fmt: skip
+    p.add_argument("dataset", metavar="DIR")
+    p.add_argument("--batch-size", type=int, default=64, metavar="B")
+    p.add_argument("--num-batches", type=int, default=100, metavar="N")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_bench)
+
+
+def _elements(ds: Dataset) -> dict[str, int]:
+    """Elements (tokens) of each uncompressed 1-D variable field."""
+    out = {}
+    for field in ds.schema:
+        if field.kind == "array" and field.is_variable and len(field.shape) == 1:
+            try:
+                out[field.name] = ds.num_elements(field.name)
+            except FormatError:
+                continue  # compressed: no flat stream to count from
+    return out
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    ds = open_dataset(args.dataset)
+    shards = [
+        {"path": s.path, "num_records": s.num_records, "num_bytes": s.num_bytes}
+        for s in ds.manifest.shards
+    ]
+    doc = {
+        "path": str(ds.path),
+        "num_records": ds.num_records,
+        "num_shards": ds.num_shards,
+        "num_bytes": sum(s["num_bytes"] for s in shards),
+        "fingerprint": ds.fingerprint,
+        "schema": ds.schema.to_json(),
+        "elements": _elements(ds),
+        "metadata": ds.metadata,
+        "shards": shards,
+    }
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(
+        f"{doc['path']}: {doc['num_records']} records, {doc['num_shards']} shards, {doc['num_bytes']} bytes"
+    )
+    print(f"fingerprint: {doc['fingerprint']}")
+    for name, spec in doc["schema"].items():
+        extra = f"  ({doc['elements'][name]} elements)" if name in doc["elements"] else ""
+        print(f"  {name}: {spec}{extra}")
+    return 0
+
+
+def _verify_shard(path: str, k: int) -> list[Corruption]:
+    try:
+        return open_dataset(path).shard(k).verify()
+    except FormatError as e:
+        return [Corruption(path, -1, "", str(e))]
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    ds = open_dataset(args.dataset)
+    ks = range(ds.num_shards)
+    if args.workers <= 1 or ds.num_shards <= 1:
+        found = [_verify_shard(args.dataset, k) for k in ks]
+    else:
+        ctx = multiprocessing.get_context("forkserver")
+        with ProcessPoolExecutor(min(args.workers, ds.num_shards), mp_context=ctx) as pool:
+            found = list(pool.map(_verify_shard, [args.dataset] * len(ks), ks))
+    bad = [c for shard in found for c in shard]
+    for c in bad:
+        where = f"record {c.record}, field {c.field!r}" if c.record >= 0 else "shard"
+        print(f"{c.path}: {where}: {c.message}")
+    if bad:
+        print(
+            f"{args.dataset}: {len(bad)} corruptions in {sum(1 for s in found if s)} of {ds.num_shards} shards"
+        )
+        return 1
+    print(f"{args.dataset}: OK ({ds.num_records} records in {ds.num_shards} shards)")
+    return 0
+
+
+def _json_value(value: Any, kind: str) -> Any:
+    if kind == "str":
+        return value
+    if kind == "bytes":
+        return base64.b64encode(np.asarray(value, np.uint8).tobytes()).decode("ascii")
+    array = np.asarray(value)
+    if array.dtype.kind not in "biuf":  # bfloat16: no JSON number of its own
+        array = array.astype(np.float32)
+    return array.item() if array.ndim == 0 else array.tolist()
+
+
+def _text_value(value: Any, kind: str, spec: str) -> str:
+    if kind == "str":
+        return repr(value)
+    if kind == "bytes":
+        data = np.asarray(value, np.uint8).tobytes()
+        return f"bytes[{len(data)}] {data[:64]!r}{' ...' if len(data) > 64 else ''}"
+    array = np.asarray(value)
+    text = np.array2string(array, threshold=32, edgeitems=8, max_line_width=100)
+    return text if array.ndim == 0 else f"{spec} shape {array.shape}: {text}"
+
+
+def cmd_cat(args: argparse.Namespace) -> int:
+    ds = open_dataset(args.dataset)
+    for index in args.indices:
+        try:
+            record = ds[index]
+        except IndexError:
+            raise ConfigError(
+                f"{args.dataset}: index {index} (expected -{len(ds)} <= INDEX < {len(ds)})"
+            ) from None
+        fields = {f.name: f for f in ds.schema}
+        if args.json:
+            doc = {n: _json_value(v, fields[n].kind) for n, v in record.items()}
+            print(json.dumps({"index": index, **doc}))
+        else:
+            print(f"record {index}")
+            for n, v in record.items():
+                print(f"  {n}: {_text_value(v, fields[n].kind, fields[n].spec)}")
+    return 0
+
+
+def _timed(ds: Dataset, batches: list[np.ndarray]) -> tuple[float, float]:
+    out = ds.get_batch(batches[0])  # warm up: map shards, allocate buffers
+    num_bytes = 0
+    start = time.perf_counter()
+    for idx in batches:
+        out = ds.get_batch(idx, out=out)
+        num_bytes += sum(a.nbytes for a in out.values())
+    elapsed = max(time.perf_counter() - start, 1e-9)
+    return sum(len(b) for b in batches) / elapsed, num_bytes / elapsed / 1e6
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    ds = open_dataset(args.dataset)
+    if len(ds) == 0 or args.batch_size < 1 or args.num_batches < 1:
+        raise ConfigError(
+            f"{args.dataset}: nothing to read (expected records, --batch-size and --num-batches >= 1)"
+        )
+    rng = np.random.default_rng(args.seed)
+    b, n = args.batch_size, args.num_batches
+    sequential = [np.arange(i * b, (i + 1) * b) % len(ds) for i in range(n)]
+    random = [rng.integers(0, len(ds), b) for _ in range(n)]
+    results = {}
+    for name, batches in (("sequential", sequential), ("random", random)):
+        records_s, mb_s = _timed(ds, batches)
+        results[name] = {"records_per_s": round(records_s, 1), "mb_per_s": round(mb_s, 2)}
+    if args.json:
+        print(json.dumps({"batch_size": b, "num_batches": n, **results}))
+    else:
+        for name, r in results.items():
+            print(
+                f"{name:>10}: {r['records_per_s']:.0f} records/s, {r['mb_per_s']:.1f} MB/s (batch {b})"
+            )
+    return 0

@@ -1,0 +1,286 @@
+"""``roxxel pack`` and ``roxxel merge``: inputs -> work units -> shards -> manifest."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from itertools import islice
+from pathlib import Path
+
+from tqdm import tqdm
+
+from roxxel.cli.args import (
+    UsageError,
+    parse_compress_flags,
+    parse_field_flags,
+    parse_size,
+    read_schema_toml,
+)
+from roxxel.format.schema import Schema
+from roxxel.format.writer import parse_compress
+from roxxel.ingest.inputs import (
+    FORMATS,
+    BadRecords,
+    ReadOptions,
+    WorkUnit,
+    cut_units,
+    expand_inputs,
+    infer_schema,
+)
+from roxxel.ingest.pack import (
+    PackConfig,
+    UnitResult,
+    map_fingerprint,
+    mapped_records,
+    shuffle_units,
+)
+from roxxel.ingest.parts import PackSpec, finalize, merge, prepare_output
+from roxxel.ingest.pool import START_METHODS, UnitPool
+
+__all__ = ["add_merge_parser", "add_pack_parser"]
+
+SAMPLE_RECORDS = 100
+
+PACK_EPILOG = """examples:
+  roxxel pack corpus/*.jsonl -o data/corpus --field tokens:int32[] --workers 2
+  roxxel pack images.npy -o data/images --input-field image
+  roxxel pack docs.jsonl -o data/tok --map mytok:encode --workers 8 --compress text=zstd:3
+  roxxel pack shards/ -o /shared/ds --num-tasks 4 --task-index $SLURM_ARRAY_TASK_ID
+  roxxel pack shards/ -o /shared/ds --num-tasks 4 --finalize
+Rerun the same command after an interruption: finished work units are kept."""
+
+MERGE_EPILOG = """example:
+  roxxel merge /scratch/task0 /scratch/task1 -o data/corpus"""
+
+
+def add_pack_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "pack",
+        help="pack inputs into a dataset",
+        description="Pack input files (jsonl, text, npy/npz, parquet, arrow, HF, Megatron) into shards.",
+        epilog=PACK_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="files, directories or globs")
+    p.add_argument("-o", "--output", required=True, metavar="DIR", help="dataset directory")
+    p.add_argument("--format", choices=FORMATS, help="input format (default: from extension)")
+    p.add_argument(
+        "--field",
+        action="append",
+        default=[],
+        metavar="NAME:SPEC",
+        help="schema field, e.g. tokens:int32[]",
+    )
+    p.add_argument("--schema", metavar="FILE.toml", help="schema from a TOML [fields] table")
+    p.add_argument("--input-field", metavar="NAME", help="field name for npy rows, text, megatron")
+    p.add_argument("--int-dtype", default="int64", help="inferred dtype of integers (int64)")
+    p.add_argument("--float-dtype", default="float64", help="inferred dtype of floats (float64)")
+    p.add_argument("--map", metavar="MODULE:FUNCTION", help="per-record function; None drops")
+    p.add_argument("--workers", type=int, default=1, metavar="N", help="processes (default 1)")
+    p.add_argument(
+        "--start-method",
+        choices=START_METHODS,
+        default="auto",
+        help="how workers start (default auto: fork when no other thread runs, else forkserver)",
+    )
+    p.add_argument("--compress", action="append", default=[], metavar="FIELD=zstd[:LEVEL]")
+    p.add_argument(
+        "--shard-bytes",
+        type=parse_size,
+        default=256 << 20,
+        metavar="SIZE",
+        help="shard data size (256M)",
+    )
+    p.add_argument(
+        "--unit-bytes",
+        type=parse_size,
+        metavar="SIZE",
+        help="input bytes per work unit (= --shard-bytes)",
+    )
+    p.add_argument(
+        "--shuffle-input", type=int, metavar="SEED", help="shuffle units and records within them"
+    )
+    p.add_argument("--skip-bad", action="store_true", help="skip malformed records, report them")
+    p.add_argument(
+        "--num-tasks", type=int, default=1, metavar="T", help="split the work into T tasks"
+    )
+    p.add_argument("--task-index", type=int, default=0, metavar="I", help="this task (0..T-1)")
+    p.add_argument("--finalize", action="store_true", help="check all units and write the manifest")
+    p.add_argument("--overwrite", action="store_true", help="replace a different dataset in DIR")
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
+    p.set_defaults(func=cmd_pack)
+
+
+def add_merge_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "merge",
+        help="gather pack task outputs and write the manifest",
+        description="Validate the parts written by `pack --num-tasks` and write one dataset.",
+        epilog=MERGE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("parts", nargs="+", metavar="DIR", help="task output directories")
+    p.add_argument("-o", "--output", required=True, metavar="DIR", help="dataset directory")
+    p.add_argument("--overwrite", action="store_true", help="replace a different dataset in DIR")
+    p.add_argument("-q", "--quiet", action="store_true")
+    p.set_defaults(func=cmd_merge)
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if args.num_tasks < 1 or not 0 <= args.task_index < args.num_tasks:
+        raise UsageError(
+            f"--task-index {args.task_index} --num-tasks {args.num_tasks}: expected 0 <= I < T"
+        )
+    if args.workers < 1:
+        raise UsageError(f"--workers {args.workers}: expected at least 1")
+    if args.field and args.schema:
+        raise UsageError("--field and --schema: give the schema one way")
+
+
+def _schema(
+    args: argparse.Namespace, units: list[WorkUnit], config: PackConfig
+) -> tuple[dict[str, str], str]:
+    if args.field:
+        return parse_field_flags(args.field), "from --field"
+    if args.schema:
+        return read_schema_toml(args.schema), f"from {args.schema}"
+    records = (r for u in units for r, _, _ in mapped_records(u, config, BadRecords(), [0]))
+    samples = list(islice(records, SAMPLE_RECORDS))
+    fixed = bool(units) and units[0].pieces[0].format in ("npy", "npz")
+    spec = infer_schema(
+        samples, fixed_arrays=fixed, int_dtype=args.int_dtype, float_dtype=args.float_dtype
+    )
+    return spec, f"inferred from the first {len(samples)} records"
+
+
+def _fingerprint(args: argparse.Namespace, units: list[WorkUnit], config: PackConfig) -> str:
+    doc = {
+        "units": [u.to_json() for u in units],
+        "sizes": sorted({p.path: os.path.getsize(p.path) for u in units for p in u.pieces}.items()),
+        "schema": config.schema,
+        "compress": config.compress,
+        "shard_bytes": config.shard_bytes,
+        "map": map_fingerprint(args.map),
+        "read": [config.read.field, config.read.skip_bad],
+        "shuffle": config.shuffle_seed,
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _config(args: argparse.Namespace) -> tuple[PackConfig, list[WorkUnit]]:
+    inputs = expand_inputs(args.inputs, args.format)
+    units = shuffle_units(
+        cut_units(inputs, args.unit_bytes or args.shard_bytes), args.shuffle_input
+    )
+    config = PackConfig(
+        out_dir=args.output,
+        schema={},
+        fingerprint="",
+        read=ReadOptions(args.input_field, args.skip_bad),
+        map_spec=args.map,
+        compress=parse_compress_flags(args.compress),
+        shard_bytes=args.shard_bytes,
+        shuffle_seed=args.shuffle_input,
+    )
+    schema, source = _schema(args, units, config)
+    parse_compress(config.compress, Schema.parse(schema))  # fail now, not in a worker
+    if not args.quiet:
+        print(f"schema ({source}): " + ", ".join(f"{k}:{v}" for k, v in schema.items()))
+    config = PackConfig(**{**_fields(config), "schema": schema})
+    return PackConfig(
+        **{**_fields(config), "fingerprint": _fingerprint(args, units, config)}
+    ), units
+
+
+def _fields(config: PackConfig) -> dict:
+    return {name: getattr(config, name) for name in PackConfig.__dataclass_fields__}
+
+
+def cmd_pack(args: argparse.Namespace) -> int:
+    _check_args(args)
+    start = time.perf_counter()
+    config, units = _config(args)
+    out = Path(args.output)
+    plan = PackSpec(
+        config.fingerprint, len(units), config.schema, {"roxxel_pack": config.fingerprint}
+    )
+    prepare_output(out, plan, args.overwrite)
+    if args.finalize:
+        finalize(out)
+        _say(args, f"{out}: manifest written for {len(units)} work units")
+        return 0
+    mine = units[args.task_index :: args.num_tasks]
+    results = _run(args, config, mine)
+    _report(args, results, mine, start)
+    if args.num_tasks == 1:
+        finalize(out)
+    else:
+        _say(
+            args,
+            f"task {args.task_index}/{args.num_tasks} done; when all are: roxxel merge {out} -o {out}",
+        )
+    return 0
+
+
+def _run(args: argparse.Namespace, config: PackConfig, units: list[WorkUnit]) -> list[UnitResult]:
+    results: list[UnitResult] = []
+    records = 0
+    pool = UnitPool(config, units, args.workers, args.start_method)
+    with pool, _bar(args, units) as bar:
+        for result in pool.results():
+            results.append(result)
+            records += result.num_records
+            bar.update(result.num_input_bytes)
+            rate = records / max(bar.format_dict["elapsed"], 1e-9)
+            bar.set_postfix(records=records, records_s=f"{rate:.0f}", refresh=False)
+    return results
+
+
+class _Bar(tqdm):
+    monitor_interval = 0  # no monitor thread: it would outlive the pack and rule out fork
+
+
+def _bar(args: argparse.Namespace, units: list[WorkUnit]) -> tqdm:
+    return _Bar(
+        total=sum(u.num_bytes for u in units), unit="B", unit_scale=True, unit_divisor=1024,
+        file=sys.stderr, disable=args.quiet or not sys.stderr.isatty(), desc="pack",
+    )  # fmt: skip
+
+
+def _report(
+    args: argparse.Namespace, results: list[UnitResult], units: list[WorkUnit], start: float
+) -> None:
+    bad = BadRecords()
+    for r in sorted(results, key=lambda r: r.unit):
+        bad.merge(r.bad)
+    if bad.count:
+        print(
+            f"roxxel: skipped {bad.count} bad records; first: " + " | ".join(bad.first),
+            file=sys.stderr,
+        )
+    elapsed = max(time.perf_counter() - start, 1e-9)
+    in_bytes = sum(u.num_bytes for u in units)
+    records = sum(r.num_records for r in results)
+    _say(
+        args,
+        f"packed {records} records into {sum(r.num_shards for r in results)} shards "
+        f"({sum(r.num_output_bytes for r in results)} bytes) from {len(units)} work units "
+        f"({sum(r.resumed for r in results)} kept from an earlier run, "
+        f"{sum(r.num_dropped for r in results)} records dropped by --map) in {elapsed:.1f} s: "
+        f"{records / elapsed:.0f} records/s, {in_bytes / elapsed / 1e6:.1f} MB/s input",
+    )
+
+
+def _say(args: argparse.Namespace, line: str) -> None:
+    if not args.quiet:
+        print(line)
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    manifest = merge([Path(p) for p in args.parts], Path(args.output), args.overwrite)
+    _say(args, f"{manifest}: written from {len(args.parts)} part directories")
+    return 0

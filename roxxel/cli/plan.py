@@ -1,0 +1,72 @@
+"""``roxxel plan``: what a mixture TOML file will feed, phase by phase, before training.
+
+Each ``[sources.NAME]`` table names a dataset directory by ``path``. With ``field`` and
+``seq_len`` the source is token windows over that 1-D field (``stride`` and ``targets``
+optional, as `roxxel.sources.records.TokenWindows`); otherwise it is the dataset's records.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from typing import Any
+
+from roxxel.errors import ConfigError
+from roxxel.format.dataset import open_dataset
+from roxxel.sampling.from_toml import load_mixture
+from roxxel.sampling.report import plan_report, plot_shares
+from roxxel.sources.records import TokenWindows
+
+__all__ = ["add_plan_parser", "open_plan_source"]
+
+SOURCE_KEYS = frozenset({"path", "field", "seq_len", "stride", "targets"})
+
+EPILOG = """example:
+  roxxel plan mixture.toml --steps 100000 --plot shares.png
+
+mixture.toml sources: [sources.web] path = "data/web", field = "tokens", seq_len = 2048"""
+
+
+def add_plan_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="show what a mixture feeds per phase and source",
+        description="Print a mixture's plan: samples, tokens, epochs and exhaustion per source.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("mixture", metavar="MIXTURE.toml")
+    p.add_argument("--steps", type=int, metavar="N", help="plan steps [0, N) (needed if endless)")
+    p.add_argument(
+        "--plot", metavar="PATH", help="also draw the shares over the steps (matplotlib)"
+    )
+    p.set_defaults(func=cmd_plan)
+
+
+def open_plan_source(name: str, spec: Mapping[str, Any]) -> Any:
+    """A mixture source from its TOML table: token windows or the dataset's records."""
+    unknown = sorted(set(spec) - SOURCE_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"sources.{name}: unknown keys {unknown} (expected some of {sorted(SOURCE_KEYS)})"
+        )
+    dataset = open_dataset(spec["path"])
+    if "field" not in spec and "seq_len" not in spec:
+        return dataset
+    if "field" not in spec or "seq_len" not in spec:
+        raise ConfigError(f"sources.{name}: field and seq_len go together (found one of them)")
+    return TokenWindows(
+        dataset,
+        spec["field"],
+        spec["seq_len"],
+        targets=spec.get("targets", True),
+        stride=spec.get("stride"),
+    )
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    mixture = load_mixture(args.mixture, open_plan_source)
+    print(plan_report(mixture, args.steps))
+    if args.plot:
+        print(f"shares drawn to {plot_shares(mixture, args.plot, args.steps)}")
+    return 0

@@ -1,0 +1,131 @@
+"""`DatasetWriter`: a directory of shards of about ``shard_bytes`` each, manifest last."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from roxxel.errors import ConfigError
+from roxxel.format.atomic import AtomicFile
+from roxxel.format.manifest import MANIFEST_NAME, Manifest, ShardEntry, ShardInfo
+from roxxel.format.schema import Codec, Schema
+from roxxel.format.writer import ShardWriter, json_object, parse_compress
+
+__all__ = ["DatasetWriter", "publish_manifest"]
+
+
+class DatasetWriter:
+    """Writes a dataset directory: shards of about ``shard_bytes`` each, then the manifest.
+
+    A context manager: leaving the block normally closes the last shard and writes
+    ``manifest.json`` (atomically, last); leaving it with an exception drops the shard in
+    progress and writes no manifest. A directory that already holds a dataset is refused
+    unless ``overwrite=True``, which removes the old manifest before the first new shard.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        schema: Schema | Mapping[str, str],
+        *,
+        shard_bytes: int = 1 << 30,
+        compress: Mapping[str, str | Codec] | None = None,
+        overwrite: bool = False,
+        metadata: Mapping[str, Any] | None = None,
+        shard_prefix: str = "shard",
+    ):
+        self.path = Path(path)
+        self.schema = Schema.parse(schema)
+        if not (isinstance(shard_bytes, int) and shard_bytes > 0):
+            raise ConfigError(f"{self.path}: shard_bytes {shard_bytes!r} (expected an int > 0)")
+        self.shard_bytes = shard_bytes
+        self.metadata = json_object(metadata, f"{self.path}: metadata")
+        self._compress = parse_compress(compress, self.schema)
+        self._prefix = shard_prefix
+        manifest = self.path / MANIFEST_NAME
+        if manifest.exists() and not overwrite:
+            raise ConfigError(f"{self.path}: already holds a dataset (pass overwrite=True)")
+        self.path.mkdir(parents=True, exist_ok=True)
+        if manifest.exists():
+            manifest.unlink()
+        self.shards: list[ShardInfo] = []
+        self._current: ShardWriter | None = None
+        self._closed = False
+
+    @property
+    def num_records(self) -> int:
+        done = sum(s.num_records for s in self.shards)
+        return done + (self._current.num_records if self._current else 0)
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        """Append one record, starting a new shard once the current one is full."""
+        self._shard().write(record)
+        self._roll()
+
+    def _shard(self) -> ShardWriter:
+        if self._closed:
+            raise ConfigError(f"{self.path}: write after close")
+        if self._current is None:
+            name = f"{self._prefix}-{len(self.shards):05d}.rxs"
+            self._current = ShardWriter(
+                self.path / name, self.schema, self._compress, self.metadata
+            )
+        return self._current
+
+    def _roll(self) -> None:
+        if self._current is not None and self._current.num_bytes >= self.shard_bytes:
+            self.shards.append(self._current.close())
+            self._current = None
+
+    def write_batch(self, columns: Mapping[str, Any]) -> None:
+        """Append many records given by field (see `ShardWriter.write_batch`).
+
+        The batch goes into the current shard whole; the shard closes after the batch that
+        fills it, so keep batches well below ``shard_bytes``.
+        """
+        self._shard().write_batch(columns)
+        self._roll()
+
+    def close(self) -> Path:
+        """Close the last shard and write the manifest; returns the manifest's path."""
+        if self._closed:
+            raise ConfigError(f"{self.path}: closed twice")
+        self._closed = True
+        if self._current is not None:
+            self.shards.append(self._current.close())
+            self._current = None
+        entries = [
+            ShardEntry(s.path.name, s.num_records, s.num_bytes, s.checksum) for s in self.shards
+        ]
+        return publish_manifest(self.path, Manifest(self.schema, tuple(entries), self.metadata))
+
+    def abort(self) -> None:
+        """Drop the shard in progress; write no manifest."""
+        self._closed = True
+        if self._current is not None:
+            self._current.abort()
+            self._current = None
+
+    def __enter__(self) -> DatasetWriter:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is not None:
+            self.abort()
+        elif not self._closed:
+            self.close()
+
+
+def publish_manifest(folder: Path, manifest: Manifest) -> Path:
+    """Write ``folder/manifest.json`` atomically (temp file, fsync, rename, fsync folder)."""
+    target = folder / MANIFEST_NAME
+    tmp = AtomicFile(target)
+    try:
+        tmp.file.write(manifest.to_json())
+        tmp.publish()
+    except BaseException:
+        tmp.discard()
+        raise
+    return target

@@ -1,0 +1,197 @@
+"""Pack work units in this process and N - 1 worker processes, taking units from one counter.
+
+Every process (this one included) takes the next unit from a shared counter, packs it with
+`pack_unit` and moves on, so the units balance over the processes and this process works
+while the others start. Workers report each finished unit as one JSON message on a pipe;
+nothing is pickled but the start arguments of a forkserver child.
+
+Workers are forked when that is safe, which costs milliseconds: on Linux, with no other
+Python thread running (a progress bar's monitor, say) and no JAX, PyTorch or TensorFlow
+loaded. Otherwise a fork could copy a lock that another thread holds and never releases,
+so the workers start from a forkserver instead (a fresh interpreter: about 0.3 s). Native
+thread pools that handle a fork themselves (OpenBLAS's, under numpy) are not counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import multiprocessing
+import sys
+import threading
+from collections.abc import Iterator
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from roxxel import errors
+from roxxel.errors import ConfigError, RoxxelError
+from roxxel.ingest.inputs import BadRecords, ReadOptions, WorkUnit
+from roxxel.ingest.pack import PackConfig, UnitResult, pack_unit
+
+__all__ = ["START_METHODS", "UnitPool", "start_method"]
+
+JOIN_SECONDS = 60.0  # a stopped worker ends its current unit first
+FORK_UNSAFE = ("jax", "torch", "tensorflow")  # their thread pools do not survive a fork
+START_METHODS = ("auto", "fork", "forkserver", "spawn")
+
+
+def start_method() -> str:
+    """``fork`` on Linux when no other Python thread runs and no runtime that forbids forks
+    (JAX, PyTorch, TensorFlow) is loaded; else ``forkserver``."""
+    if sys.platform != "linux" or threading.active_count() > 1:
+        return "forkserver"
+    return "forkserver" if any(m in sys.modules for m in FORK_UNSAFE) else "fork"
+
+
+class UnitPool:
+    """Packs ``units`` with ``workers`` processes in all; iterate `results` as units end.
+
+    The worker processes start in the constructor: make the pool before starting threads
+    (a progress bar, say) so that they can be forked. ``method`` "auto" picks
+    `start_method`; "fork", "forkserver" or "spawn" overrule it (the caller vouches that
+    its threads survive a fork). Use it as a context manager; leaving it early stops the
+    workers after their current unit (finished units are kept).
+    """
+
+    def __init__(
+        self, config: PackConfig, units: list[WorkUnit], workers: int, method: str = "auto"
+    ):
+        self.config, self.units = config, units
+        num_procs = max(0, min(workers, len(units)) - 1)
+        if method not in START_METHODS:
+            raise ConfigError(f"start method {method!r} (expected one of {START_METHODS})")
+        self.method = start_method() if method == "auto" else method
+        ctx: Any = multiprocessing.get_context(self.method)
+        if ctx.get_start_method() == "forkserver":
+            # the workers' template process loads the packer (and the caller's main module,
+            # which a --map function may live in) once
+            ctx.set_forkserver_preload(["__main__", "roxxel.ingest.pool"])
+        self.counter: Any = ctx.Value("q", 0)
+        self.pipes: list[Connection] = []
+        self.procs: list[Any] = []
+        plan = json.dumps([u.to_json() for u in units])
+        try:
+            for _ in range(num_procs):
+                self._start(ctx, _config_json(config), plan)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, ctx: Any, config_json: str, plan: str) -> None:
+        receive, send = ctx.Pipe(duplex=False)
+        # a forked child closes its copies of the earlier workers' read ends, so that a
+        # worker whose main process is gone finds its pipe broken
+        inherited = list(self.pipes) if self.method == "fork" else []
+        proc = ctx.Process(target=_work, args=(config_json, plan, self.counter, send, inherited))
+        proc.start()
+        send.close()
+        self.pipes.append(receive)
+        self.procs.append(proc)
+
+    def results(self) -> Iterator[UnitResult]:
+        """Each unit's result as it ends (this process's units and the workers')."""
+        while (index := _take(self.counter, len(self.units))) is not None:
+            yield pack_unit(self.config, self.units[index])
+            yield from self._collect(block=False)
+        while self.pipes:
+            yield from self._collect(block=True)
+
+    def _collect(self, block: bool) -> Iterator[UnitResult]:
+        for pipe in wait(self.pipes, timeout=None if block else 0):
+            assert isinstance(pipe, Connection)
+            try:
+                message = json.loads(pipe.recv_bytes())
+            except EOFError:
+                self.stop()
+                raise RoxxelError(
+                    "pack: a worker process died; finished work units are kept (expected "
+                    "none to die: rerun the same command to resume)"
+                ) from None
+            if "result" in message:
+                yield _result_from_json(message["result"])
+            elif "error" in message:
+                self.stop()
+                raise _error_from_json(message)
+            else:  # "done": the worker found no unit left
+                self.pipes.remove(pipe)
+                pipe.close()
+
+    def stop(self) -> None:
+        """Let no process take another unit."""
+        with self.counter.get_lock():
+            self.counter.value = len(self.units)
+
+    def close(self) -> None:
+        """Stop taking units and wait for the workers to end their current one."""
+        self.stop()
+        for proc in self.procs:
+            proc.join(JOIN_SECONDS)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join()
+        for pipe in self.pipes:
+            pipe.close()
+        self.pipes, self.procs = [], []
+
+    def __enter__(self) -> UnitPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _take(counter: Any, num_units: int) -> int | None:
+    with counter.get_lock():
+        index = counter.value
+        if index >= num_units:
+            return None
+        counter.value = index + 1
+    return index
+
+
+def _work(
+    config_json: str, plan: str, counter: Any, pipe: Connection, inherited: list[Connection]
+) -> None:
+    """A worker process: pack units until none is left, reporting each on ``pipe``."""
+    for other in inherited:
+        other.close()
+    units = [WorkUnit.from_json(u) for u in json.loads(plan)]
+    try:
+        config = _config_from_json(config_json)
+        while (index := _take(counter, len(units))) is not None:
+            result = dataclasses.asdict(pack_unit(config, units[index]))
+            pipe.send_bytes(json.dumps({"result": result}).encode())
+        pipe.send_bytes(b'{"done": true}')
+    except BrokenPipeError:
+        pass  # the main process is gone: nothing to report to
+    except BaseException as e:  # reported to the main process, which raises it
+        with counter.get_lock():
+            counter.value = len(units)
+        with contextlib.suppress(BrokenPipeError):
+            pipe.send_bytes(json.dumps({"error": type(e).__name__, "message": str(e)}).encode())
+    finally:
+        pipe.close()
+
+
+def _config_json(config: PackConfig) -> str:
+    return json.dumps(dataclasses.asdict(config))
+
+
+def _config_from_json(text: str) -> PackConfig:
+    doc = json.loads(text)
+    return PackConfig(**{**doc, "read": ReadOptions(**doc["read"])})
+
+
+def _result_from_json(doc: dict[str, Any]) -> UnitResult:
+    return UnitResult(**{**doc, "bad": BadRecords(**doc["bad"])})
+
+
+def _error_from_json(message: dict[str, str]) -> BaseException:
+    """The worker's error as the same roxxel error class, or a RoxxelError naming it."""
+    cls = getattr(errors, message["error"], None)
+    if isinstance(cls, type) and issubclass(cls, RoxxelError):
+        return cls(message["message"])
+    if message["error"] == "KeyboardInterrupt":
+        return KeyboardInterrupt()
+    return RoxxelError(f"pack: a worker process raised {message['error']}: {message['message']}")

@@ -1,0 +1,1 @@
+"""Loader sources over a dataset: whole records (``records``) or token windows (``windows``)."""

@@ -1,0 +1,174 @@
+"""Loader sources over a dataset: whole records, or token windows over a 1-D field.
+
+A source is anything with ``len()`` (number of items), ``layout`` (per-row shape and dtype
+of each output field), ``read(indices, out)`` (fill preallocated arrays, rows first),
+``advise(indices)`` (ask the kernel to read ahead the pages those items live on) and
+``fingerprint()`` (a hex string naming the content and the parameters, for resume checks).
+A source may also take ``read(indices, out, rows=rows)``: item ``indices[i]`` goes to row
+``rows[i]`` of ``out`` (a mixture batch then needs no scratch block and no scatter).
+`Records` and `TokenWindows` (`roxxel.sources.windows`, re-exported here) are the two built in;
+`as_source` turns a `Dataset` into `Records`. Sources never import jax and hold no
+per-batch state, so one pipeline thread can read them while another builds the order.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from roxxel.errors import ConfigError
+from roxxel.sources.windows import (
+    RowFields,
+    TokenWindows,
+    check_rows,
+    fingerprint_of,
+    merge_ranges,
+)
+
+__all__ = ["Records", "Source", "TokenWindows", "as_source", "fingerprint_of", "takes_rows"]
+
+
+@runtime_checkable
+class Source(Protocol):
+    """What the loader reads from (see the module docstring)."""
+
+    @property
+    def layout(self) -> RowFields: ...
+
+    def __len__(self) -> int: ...
+
+    def read(self, indices: np.ndarray, out: Mapping[str, np.ndarray]) -> None: ...
+
+    def advise(self, indices: np.ndarray) -> None: ...
+
+    def fingerprint(self) -> str: ...
+
+
+def as_source(
+    obj: Any, *, fields: Sequence[str] | None = None, max_len: Mapping[str, int] | None = None
+) -> Source:
+    """`obj` itself when it already is a source, else `Records` over it (a `Dataset`).
+
+    Raises:
+        ConfigError: `obj` is neither a source nor a dataset.
+    """
+    if isinstance(obj, Source):
+        return obj
+    if hasattr(obj, "get_batch") and hasattr(obj, "schema"):
+        return Records(obj, fields=fields, max_len=max_len)
+    raise ConfigError(
+        f"loader source: unsupported object ({type(obj).__name__}, expected a Dataset, "
+        "Records, TokenWindows, Mixture or an object with layout/read/advise/fingerprint)"
+    )
+
+
+class Records:
+    """Every record of a dataset, with all its fields or the ones named.
+
+    Fixed-shape fields come out as ``(B, *shape)``. A variable field is padded with zeros to
+    ``max_len[name]`` along its leading dimension, with ``"<name>.length"`` (int64) beside
+    it; ``bytes`` and ``str`` fields are uint8 the same way. A record longer than its
+    ``max_len`` is an error of the dataset reader, not truncated silently.
+
+    Raises:
+        ConfigError: an unknown field, or a variable field without a positive ``max_len``.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        fields: Sequence[str] | None = None,
+        max_len: Mapping[str, int] | None = None,
+    ) -> None:
+        self.dataset = dataset
+        self.fields = dataset.schema.select(None if fields is None else list(fields))
+        self.max_len = dict(max_len or {})
+        self._layout = _record_layout(self.fields, self.max_len)
+
+    @property
+    def layout(self) -> RowFields:
+        return dict(self._layout)
+
+    def __len__(self) -> int:
+        return int(self.dataset.num_records)
+
+    def read(
+        self, indices: np.ndarray, out: Mapping[str, np.ndarray], rows: np.ndarray | None = None
+    ) -> None:
+        """Fill ``out[name][:len(indices)]`` with the records at `indices` (global indices),
+        or rows ``rows`` of ``out`` (one per index) when given: those go through one
+        scratch block, since the dataset reads whole leading rows."""
+        if rows is not None:
+            check_rows(indices, rows, "views.Records")
+            scratch = {
+                name: np.empty((len(indices), *array.shape[1:]), array.dtype)
+                for name, array in out.items()
+            }
+            self.read(indices, scratch)
+            for name, array in out.items():
+                array[rows] = scratch[name]
+            return
+        names = [f.name for f in self.fields]
+        filled = self.dataset.get_batch(indices, names, out=dict(out))
+        for name, array in out.items():
+            if filled[name] is not array:
+                raise ConfigError(
+                    f"views.Records: field {name!r} does not fit its buffer ({filled[name].shape} "
+                    f"read, expected {array.shape}; is a record longer than max_len?)"
+                )
+
+    def advise(self, indices: np.ndarray) -> None:
+        """Read-ahead hint (MADV_WILLNEED) for the pages of these records' fixed-shape
+        fields: one call per run of nearby records, not per record."""
+        fixed = [f for f in self.fields if not f.is_variable]
+        if not fixed or not len(indices):
+            return
+        shard_ids, local = self.dataset.locate(np.asarray(indices, dtype=np.int64))
+        for field in fixed:
+            unit = field.unit_bytes
+            for shard, lo, hi in merge_ranges(shard_ids, local * unit, (local + 1) * unit):
+                self.dataset.shard(shard).advise(field.name, lo, hi)
+
+    def fingerprint(self) -> str:
+        layout = _layout_json(self._layout)
+        return fingerprint_of(
+            {"kind": "records", "dataset": self.dataset.fingerprint, "layout": layout}
+        )
+
+
+def takes_rows(source: Any) -> bool:
+    """Whether ``source.read`` accepts ``rows=`` (the built-in sources do).
+
+    >>> takes_rows(Records.__new__(Records)), takes_rows(object())
+    (True, False)
+    """
+    read = getattr(source, "read", None)
+    try:
+        return read is not None and "rows" in inspect.signature(read).parameters
+    except (TypeError, ValueError):  # a builtin or C callable without a signature
+        return False
+
+
+def _record_layout(fields: Sequence[Any], max_len: Mapping[str, int]) -> RowFields:
+    layout: RowFields = {}
+    for field in fields:
+        if not field.is_variable:
+            layout[field.name] = (tuple(field.shape), field.dtype)
+            continue
+        length = max_len.get(field.name)
+        if not isinstance(length, int) or length < 1:
+            raise ConfigError(
+                f"views.Records: variable field {field.name!r} needs a max_len ({length!r}, "
+                "expected a positive int in max_len)"
+            )
+        layout[field.name] = ((length, *field.inner_shape), field.dtype)
+        layout[f"{field.name}.length"] = ((), np.dtype(np.int64))
+    return layout
+
+
+def _layout_json(layout: RowFields) -> list[list[Any]]:
+    return [[name, list(shape), dtype.str] for name, (shape, dtype) in layout.items()]

@@ -30,8 +30,12 @@ class RecordSource:
     ``schema`` and ``_num`` and defines ``record(i)`` for ``0 <= i < len(self)``."""
 
     path: Path
-    schema: Schema
     _num: int
+
+    @property
+    def schema(self) -> Schema:
+        """The record schema (a subclass provides it)."""
+        raise NotImplementedError
 
     @property
     def num_records(self) -> int:

@@ -580,3 +580,72 @@ def test_cat_prints_bytes_and_bfloat16(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out) == {"index": 0, "blob": "AP9hYg==", "w": [1.5, -2.0]}
     assert _run("cat", tmp_path / "ds", "0") == 0
     assert "bytes[4] b'\\x00\\xffab'" in capsys.readouterr().out
+
+
+# ---- issue 13 item 10: polish --------------------------------------------------------
+
+
+def test_issue13_item10_cat_into_a_closed_pipe_exits_quietly(tmp_path):
+    """``roxxel cat ... | head -1``: no "[Errno 32] Broken pipe", no traceback."""
+    with roxxel.DatasetWriter(tmp_path / "ds", {"text": "str"}) as writer:
+        for i in range(2000):
+            writer.write({"text": f"line {i} " + "x" * 100})
+    indices = [str(i) for i in range(2000)]  # ~250 KB of output: more than a pipe holds
+    proc = subprocess.Popen(
+        [str(ROXXEL), "cat", str(tmp_path / "ds"), *indices],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline() == b"record 0\n"
+    proc.stdout.close()  # what head does after its first line
+    err = proc.stderr.read().decode()
+    assert proc.wait() in (0, 141)
+    assert err == "", err
+
+
+class _Terminal:
+    """A stderr that says it is a terminal, so the pack progress bar draws."""
+
+    def __init__(self) -> None:
+        self.text = []
+
+    def write(self, text: str) -> int:
+        self.text.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_issue13_item10_pack_progress_bar_shows_integer_record_counts(tmp_path, monkeypatch):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for f in range(2):  # 10000 records per unit: tqdm's default postfix prints 1e+4, 2e+4
+        lines = [json.dumps({"x": f * 10000 + i}) for i in range(10000)]
+        (folder / f"part-{f}.jsonl").write_text("\n".join(lines) + "\n")
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    argv = [folder, "-o", tmp_path / "ds", "--field", "x:int64", "--workers", "1"]
+    assert _run("pack", *argv) == 0
+    drawn = "".join(terminal.text)
+    assert "records=20000" in drawn or "records=20.0k" in drawn, drawn
+    assert "e+" not in drawn, drawn
+
+
+def test_issue13_item10_plan_plot_without_matplotlib_fails_before_the_report(
+    tmp_path, capsys, monkeypatch
+):
+    corpus = _corpus(tmp_path / "in", num_files=1)
+    for name in ("a", "b"):
+        assert _run("pack", corpus, "-o", tmp_path / name, "-q", *PACK_FIELDS) == 0
+    (tmp_path / "mix.toml").write_text(MIXTURE)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    rc = _run("plan", tmp_path / "mix.toml", "--steps", "20", "--plot", tmp_path / "s.png")
+    out, err = capsys.readouterr()
+    assert rc == 1 and out == ""
+    assert "pip install 'roxxel[plot]'" in err and err.count("\n") == 1
+    assert not (tmp_path / "s.png").exists()

@@ -1,12 +1,14 @@
 """The ``roxxel`` command: parse arguments, call the library, print, return an exit status.
 
 Exit status: 0 on success, 1 when roxxel refuses the data or configuration (one line on
-stderr, no traceback), 2 for a wrong command line (with its usage), 130 on Ctrl-C.
+stderr, no traceback), 2 for a wrong command line (with its usage), 130 on Ctrl-C, 141
+(as for SIGPIPE) when the reader of stdout goes away, as ``roxxel cat ... | head`` does.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from roxxel.cli.args import UsageError
@@ -17,6 +19,8 @@ from roxxel.errors import RoxxelError
 from roxxel.version import __version__
 
 __all__ = ["build_parser", "main"]
+
+BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a tool that a pipe ended
 
 EPILOG = """examples:
   roxxel pack corpus/*.jsonl -o data/corpus --field tokens:int32[]
@@ -50,7 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # argparse exits 2 on bad usage, 0 for --help
         return e.code if isinstance(e.code, int) else 2
     try:
-        return int(args.func(args))
+        status = int(args.func(args))
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return status
+    except BrokenPipeError:
+        _silence_stdout()
+        return BROKEN_PIPE
     except UsageError as e:
         print(
             f"roxxel {args.command}: error: {e} (see roxxel {args.command} --help)", file=sys.stderr
@@ -62,3 +71,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"roxxel {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of what is still
+    buffered does not fail again (the recipe of Python's `signal` documentation)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by a non-file (a test's capture)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)

@@ -236,8 +236,18 @@ def _run(args: argparse.Namespace, config: PackConfig, units: list[WorkUnit]) ->
             records += result.num_records
             bar.update(result.num_input_bytes)
             rate = records / max(bar.format_dict["elapsed"], 1e-9)
-            bar.set_postfix(records=records, records_s=f"{rate:.0f}", refresh=False)
+            postfix = {"records": _count(records), "records_s": _count(int(rate))}
+            bar.set_postfix(postfix, refresh=False)
     return results
+
+
+def _count(num: int) -> str:
+    """A count as an integer, scaled past 9999 (tqdm's own postfix would print ``3e+4``).
+
+    >>> _count(999), _count(30000), _count(1234567)
+    ('999', '30.0k', '1.23M')
+    """
+    return str(num) if num < 10_000 else tqdm.format_sizeof(num)
 
 
 class _Bar(tqdm):

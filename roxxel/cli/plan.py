@@ -8,6 +8,7 @@ optional, as `roxxel.sources.records.TokenWindows`); otherwise it is the dataset
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -65,8 +66,20 @@ def open_plan_source(name: str, spec: Mapping[str, Any]) -> Any:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    if args.plot:
+        _check_plot_extra()  # before the work, not after the report
     mixture = load_mixture(args.mixture, open_plan_source)
     print(plan_report(mixture, args.steps))
     if args.plot:
         print(f"shares drawn to {plot_shares(mixture, args.plot, args.steps)}")
     return 0
+
+
+def _check_plot_extra() -> None:
+    try:  # the optional ``plot`` extra; `plot_shares` loads it again (cached) to draw
+        importlib.import_module("matplotlib")
+    except ImportError:
+        raise ConfigError(
+            "--plot: matplotlib is not installed (missing, expected the plot extra: "
+            "pip install 'roxxel[plot]')"
+        ) from None

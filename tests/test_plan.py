@@ -33,6 +33,10 @@ class FakeWindows:
     def __len__(self) -> int:
         return self.num_tokens // self.seq_len
 
+    @property
+    def tokens_per_sample(self) -> int:
+        return self.seq_len
+
     def with_seq_len(self, seq_len: int) -> FakeWindows:
         return FakeWindows(self.num_tokens, seq_len)
 

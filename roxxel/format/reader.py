@@ -113,7 +113,7 @@ class Shard(RecordSource):
         page = mmap.PAGESIZE
         begin = at - at % page
         length = min(column._data_at + stop_bytes, self._buf.size) - begin
-        if length > 0 and hasattr(self._mmap, "madvise"):
+        if length > 0:  # mmap.madvise exists on Linux since Python 3.8
             self._mmap.madvise(mmap.MADV_WILLNEED, begin, length)
 
     def verify(self) -> list[Corruption]:

@@ -189,8 +189,9 @@ def _result_from_json(doc: dict[str, Any]) -> UnitResult:
 
 def _error_from_json(message: dict[str, str]) -> BaseException:
     """The worker's error as the same roxxel error class, or a RoxxelError naming it."""
-    cls = getattr(errors, message["error"], None)
-    if isinstance(cls, type) and issubclass(cls, RoxxelError):
+    known = (RoxxelError, errors.ConfigError, errors.FormatError, errors.StateError)
+    cls = {c.__name__: c for c in known}.get(message["error"])
+    if cls is not None:
         return cls(message["message"])
     if message["error"] == "KeyboardInterrupt":
         return KeyboardInterrupt()

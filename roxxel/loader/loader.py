@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import resource
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 
@@ -120,6 +121,8 @@ class Loader:
         ConfigError: a bad option, or a batch size the sharding cannot split.
     """
 
+    _prefetcher: Prefetcher | None = None  # also when __init__ raised before setting it
+
     def __init__(
         self,
         source: Any,
@@ -216,7 +219,7 @@ class Loader:
         self._stop_pipeline()
 
     def __del__(self) -> None:
-        if getattr(self, "_prefetcher", None) is not None:
+        if self._prefetcher is not None:
             self._stop_pipeline()
 
     def _next_or_none(self) -> Batch | None:
@@ -344,7 +347,7 @@ class _Assembler:
 
 
 _COLD_STEPS = 8  # read ahead this many times `readahead` steps after the last major fault
-_RUSAGE = getattr(resource, "RUSAGE_THREAD", None)
+_RUSAGE = resource.RUSAGE_THREAD if sys.platform.startswith("linux") else None
 
 
 def _major_faults() -> int | None:

@@ -17,8 +17,9 @@ import numpy as np
 
 from roxxel.errors import ConfigError
 from roxxel.loader.host import RowSpec
+from roxxel.protocols import MixtureLike, Source
 from roxxel.sampling import order
-from roxxel.sources.records import Source, as_source, takes_rows
+from roxxel.sources.records import as_source, takes_rows
 from roxxel.sources.windows import blend_of
 
 __all__ = ["Pick", "StepPicker", "picker_for"]
@@ -74,7 +75,7 @@ def picker_for(
         ConfigError: a bad batch size, or mixture sources whose fields differ.
     """
     kwargs = {"fields": config.fields, "max_len": config.max_len}
-    if _is_mixture(source):
+    if isinstance(source, MixtureLike):
         if not shuffle:
             raise ConfigError(
                 "loader: shuffle=False with a Mixture (False, expected the default: a "
@@ -88,10 +89,6 @@ def picker_for(
     return SinglePicker(
         single, batch_size, config.num_epochs, config.final_batch == "drop", (seed, shuffle)
     )
-
-
-def _is_mixture(source: Any) -> bool:
-    return all(hasattr(source, name) for name in ("locate", "sources", "batch_size_at"))
 
 
 def _end_or_valid(num_valid: int, batch_size: int, drop: bool) -> bool:
@@ -256,7 +253,7 @@ class MixturePicker:
     """
 
     def __init__(
-        self, mixture: Any, sources: list[Source], batch_size: int | None, drop: bool
+        self, mixture: MixtureLike, sources: list[Source], batch_size: int | None, drop: bool
     ) -> None:
         self.mixture, self.sources, self.drop = mixture, sources, drop
         first = mixture.batch_size_at(0)
@@ -280,7 +277,7 @@ class MixturePicker:
         self._blocks = _Blocks(self._locate, _BLOCK_ROWS)
 
     def batch_size_at(self, step: int) -> int:
-        origin = getattr(self.mixture, "origin_step", 0)
+        origin = self.mixture.origin_step
         if step < origin:
             raise ConfigError(
                 f"loader: step before the mixture's first step ({step}, expected >= {origin})"
@@ -296,8 +293,8 @@ class MixturePicker:
 
     def shape_steps(self, start: int) -> list[int]:
         """`start` and the later phase starts: the steps where the batch shape may change."""
-        end, starts = self.mixture.end_step, getattr(self.mixture, "schedule", None)
-        later = [s for s in getattr(starts, "step_starts", ()) if s > start]
+        end = self.mixture.end_step
+        later = [s for s in self.mixture.step_starts if s > start]
         return [start] + [s for s in later if end is None or s < end]
 
     def num_steps(self) -> int | None:
@@ -387,11 +384,9 @@ def _read_rows(source: Any, items: np.ndarray, out: dict, rows: np.ndarray, dire
         array[rows] = block[name]
 
 
-def _phase_sources(mixture: Any, sources: list[Source]) -> list[list[Source]]:
+def _phase_sources(mixture: MixtureLike, sources: list[Source]) -> list[list[Source]]:
     """Per phase, the source each source id reads: its own, or its view at the phase's
-    window length (`Mixture.spaces`); one group for a mixture without phases' spaces."""
-    if not hasattr(mixture, "spaces"):
-        return [sources]
+    window length (`Mixture.spaces`)."""
     own = {id(given): source for given, source in zip(mixture.sources, sources, strict=True)}
     return [
         [own.get(id(s.source)) or as_source(s.source) for s in mixture.spaces(p)]

@@ -239,6 +239,11 @@ class Mixture:
         """The first step of this mixture: 0, or the step `continue_from` started at."""
         return self._origin.step
 
+    @property
+    def step_starts(self) -> tuple[int, ...]:
+        """The first step of each phase: where the batch shape may change."""
+        return tuple(self.schedule.step_starts)
+
     def phase_at(self, step: int) -> int:
         """The index of the phase that holds ``step``. O(log P)."""
         return self.schedule.phase_at(step)

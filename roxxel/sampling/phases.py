@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Sized
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from roxxel.errors import ConfigError
+from roxxel.protocols import CountsTokens, TokenSource
 from roxxel.sampling.interleave import PhaseStream
 
 __all__ = ["Cap", "Ledger", "Phase", "Schedule", "Space", "phase_spaces", "source_space"]
@@ -95,7 +96,7 @@ def check_sources(sources: object) -> None:
         where = f"Mixture: sources[{name!r}]"
         if not isinstance(name, str) or not name:
             raise fail("Mixture: sources", "bad source name", name, "a non-empty str")
-        if not hasattr(source, "__len__"):
+        if not isinstance(source, Sized):
             raise fail(where, "no length", type(source).__name__, "an object with __len__")
         if len(source) < 1:
             raise fail(where, "empty source", len(source), "at least 1 sample")
@@ -118,10 +119,12 @@ def cap_units(where: str, cap: Cap | Weight, num_records: int, unit: int = 1) ->
 
 
 def own_unit(source: object) -> int:
-    """Tokens per sample of a source at its own window length; 1 for a source without one."""
-    length = getattr(source, "seq_len", None)
-    resizable = callable(getattr(source, "with_seq_len", None))
-    return length if resizable and isinstance(length, int) and length > 0 else 1
+    """Tokens per sample of a source at its own window length; 1 for a source without one
+    (one that is not a `roxxel.protocols.TokenSource`)."""
+    if not isinstance(source, TokenSource):
+        return 1
+    length = source.seq_len
+    return length if isinstance(length, int) and length > 0 else 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,8 +154,8 @@ def source_space(where: str, name: str, source: object, seq_len: int | None, vie
             cannot change its window length (it would be planned at the wrong length).
     """
     unit = own_unit(source)
-    if unit == 1 and not callable(getattr(source, "with_seq_len", None)):
-        stated = getattr(source, "tokens_per_sample", None)
+    if not isinstance(source, TokenSource):
+        stated = source.tokens_per_sample if isinstance(source, CountsTokens) else None
         if seq_len is not None and stated is not None and stated != seq_len:
             rule = "a source with with_seq_len, such as TokenWindows"
             raise fail(where, "cannot change its window length", type(source).__name__, rule)
@@ -160,7 +163,7 @@ def source_space(where: str, name: str, source: object, seq_len: int | None, vie
     if seq_len is None or seq_len == unit:
         return Space(name, len(source), unit, source)  # type: ignore[arg-type]
     if (name, seq_len) not in views:
-        views[name, seq_len] = source.with_seq_len(seq_len)  # type: ignore[attr-defined]
+        views[name, seq_len] = source.with_seq_len(seq_len)
     view = views[name, seq_len]
     return Space(f"{name}|seq_len={seq_len}", len(view), seq_len, view)
 
@@ -295,9 +298,10 @@ class Schedule:
     @staticmethod
     def _check_phase(i: int, phase: Phase, batch_size: int | None, step: int) -> int:
         where = f"Mixture: phases[{i}]"
-        for attr in ("batch_size", "seq_len"):
-            if getattr(phase, attr) is not None:
-                check_int(f"{where}.{attr}", getattr(phase, attr), 1)
+        if phase.batch_size is not None:
+            check_int(f"{where}.batch_size", phase.batch_size, 1)
+        if phase.seq_len is not None:
+            check_int(f"{where}.seq_len", phase.seq_len, 1)
         batch = phase.batch_size or batch_size
         if batch is None:
             raise fail(f"{where}.batch_size", "no batch size", None, "Phase or Mixture batch_size")

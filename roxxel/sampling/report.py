@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from roxxel.errors import ConfigError
+from roxxel.protocols import CountsTokens
 from roxxel.sampling.mixture import Mixture
 
 __all__ = ["plan_report", "plot_shares", "share_curve"]
@@ -44,7 +45,9 @@ def _tokens_per_sample(mixture: Mixture, phase: int, source: int) -> int | None:
     space = mixture.spaces(phase)[source]
     if space.unit > 1:
         return space.unit
-    value = getattr(space.source, "tokens_per_sample", None)
+    if not isinstance(space.source, CountsTokens):
+        return None
+    value = space.source.tokens_per_sample
     return value if isinstance(value, int) else None
 
 

@@ -1,7 +1,7 @@
 """Loader sources over a dataset: whole records, or token windows over a 1-D field.
 
-A source is anything with ``len()`` (number of items), ``layout`` (per-row shape and dtype
-of each output field), ``read(indices, out)`` (fill preallocated arrays, rows first),
+A source is a `roxxel.protocols.Source`: ``len()`` (number of items), ``layout`` (per-row
+shape and dtype of each field), ``read(indices, out)`` (fill preallocated arrays, rows first),
 ``advise(indices)`` (ask the kernel to read ahead the pages those items live on) and
 ``fingerprint()`` (a hex string naming the content and the parameters, for resume checks).
 A source may also take ``read(indices, out, rows=rows)``: item ``indices[i]`` goes to row
@@ -13,13 +13,14 @@ per-batch state, so one pipeline thread can read them while another builds the o
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, TypeGuard
 
 import numpy as np
 
 from roxxel.errors import ConfigError
+from roxxel.format.dataset import Dataset
+from roxxel.protocols import RowSource, Source
 from roxxel.sources.windows import (
     RowFields,
     TokenWindows,
@@ -29,22 +30,6 @@ from roxxel.sources.windows import (
 )
 
 __all__ = ["Records", "Source", "TokenWindows", "as_source", "fingerprint_of", "takes_rows"]
-
-
-@runtime_checkable
-class Source(Protocol):
-    """What the loader reads from (see the module docstring)."""
-
-    @property
-    def layout(self) -> RowFields: ...
-
-    def __len__(self) -> int: ...
-
-    def read(self, indices: np.ndarray, out: Mapping[str, np.ndarray]) -> None: ...
-
-    def advise(self, indices: np.ndarray) -> None: ...
-
-    def fingerprint(self) -> str: ...
 
 
 def as_source(
@@ -57,7 +42,7 @@ def as_source(
     """
     if isinstance(obj, Source):
         return obj
-    if hasattr(obj, "get_batch") and hasattr(obj, "schema"):
+    if isinstance(obj, Dataset):
         return Records(obj, fields=fields, max_len=max_len)
     raise ConfigError(
         f"loader source: unsupported object ({type(obj).__name__}, expected a Dataset, "
@@ -140,17 +125,14 @@ class Records:
         )
 
 
-def takes_rows(source: Any) -> bool:
-    """Whether ``source.read`` accepts ``rows=`` (the built-in sources do).
+def takes_rows(source: object) -> TypeGuard[RowSource]:
+    """Whether ``source`` is a `RowSource` (its ``read`` takes ``rows=``): the built-in
+    sources are; any other source is read through a block.
 
     >>> takes_rows(Records.__new__(Records)), takes_rows(object())
     (True, False)
     """
-    read = getattr(source, "read", None)
-    try:
-        return read is not None and "rows" in inspect.signature(read).parameters
-    except (TypeError, ValueError):  # a builtin or C callable without a signature
-        return False
+    return isinstance(source, Records | TokenWindows)
 
 
 def _record_layout(fields: Sequence[Any], max_len: Mapping[str, int]) -> RowFields:

@@ -22,7 +22,7 @@ import signal
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -356,7 +356,7 @@ def _loop(
     try:
         status, state = _steps(run, compiled, state, batches, stop)
     finally:
-        if batches is not run.loader and hasattr(batches, "close"):
+        if batches is not run.loader and isinstance(batches, Generator):
             batches.close()  # a generator over the loader: stop its pipeline now
     run.save_current(state)
     run.checkpointer.wait()

@@ -11,8 +11,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from roxxel.errors import ConfigError, FormatError, RoxxelError, StateError
-from roxxel.format.dataset import Dataset, open_dataset, write_manifest
-from roxxel.format.dataset_writer import DatasetWriter
+from roxxel.format.dataset import Dataset, open_dataset
+from roxxel.format.dataset_writer import DatasetWriter, write_manifest
 from roxxel.format.reader import Corruption, Shard, open_shard
 from roxxel.format.schema import Field, Ragged, Schema
 from roxxel.format.writer import ShardInfo, ShardWriter, write_shard

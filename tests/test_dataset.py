@@ -131,10 +131,20 @@ def test_verify_names_shard_record_and_field(dataset_dir) -> None:
 def test_verify_reports_a_shard_whose_index_is_damaged(dataset_dir) -> None:
     path = dataset_dir / "shard-00001.rxs"
     data = bytearray(path.read_bytes())
-    data[-40] ^= 1  # inside the trailer's numbers: index checksum fails, size unchanged
+    data[-100] ^= 1  # inside the metadata: index checksum fails, size and trailer unchanged
     path.write_bytes(bytes(data))
     problems = roxxel.open_dataset(dataset_dir).verify()
     assert [(p.path, p.record) for p in problems] == [(str(path), -1)]
+
+
+def test_a_damaged_trailer_is_refused_when_the_dataset_opens(dataset_dir) -> None:
+    path = dataset_dir / "shard-00001.rxs"
+    data = bytearray(path.read_bytes())
+    data[-40] ^= 1  # the trailer's metadata size: its extents no longer add up (R6)
+    path.write_bytes(bytes(data))
+    with pytest.raises(FormatError) as info:
+        roxxel.open_dataset(dataset_dir)
+    assert (info.value.rule, info.value.path) == ("R6", str(path))
 
 
 # Manifest rules ------------------------------------------------------------------------
@@ -255,6 +265,13 @@ def test_m9_rejects_counts_or_checksums_that_disagree_with_the_shard(dataset_dir
 
 
 def test_m9_rejects_a_shard_with_another_schema(dataset_dir) -> None:
+    _add_a_shard_of_another_schema(dataset_dir)
+    ds = roxxel.open_dataset(dataset_dir)
+    with pytest.raises(FormatError, match="differs from the manifest"):
+        ds[len(ds) - 1]
+
+
+def _add_a_shard_of_another_schema(dataset_dir: Path) -> None:
     roxxel.write_shard(dataset_dir / "other.rxs", [{"label": 1}], {"label": "int64"})
 
     def add(doc):
@@ -266,9 +283,6 @@ def test_m9_rejects_a_shard_with_another_schema(dataset_dir) -> None:
         doc["num_records"] += 1
 
     _edit_manifest(dataset_dir, add)
-    ds = roxxel.open_dataset(dataset_dir)
-    with pytest.raises(FormatError, match="differs from the manifest"):
-        ds[len(ds) - 1]
 
 
 # write_manifest --------------------------------------------------------------------------
@@ -302,3 +316,280 @@ def test_fingerprint_follows_content(dataset_dir, tmp_path) -> None:
     with roxxel.DatasetWriter(tmp_path / "other", SCHEMA) as w:
         w.write(record(1))
     assert roxxel.open_dataset(tmp_path / "other").fingerprint != first
+
+
+# Issue 11: the read side does not import the write side -------------------------------
+
+
+def test_issue11_item3_write_manifest_lives_on_the_write_side() -> None:
+    import ast
+
+    from roxxel.format import dataset_writer
+
+    assert roxxel.write_manifest is dataset_writer.write_manifest
+    read_side = ["spec", "schema", "layout", "manifest", "column", "gather", "reader", "dataset"]
+    for name in read_side:
+        source = (Path(roxxel.__file__).parent / "format" / f"{name}.py").read_text()
+        imported = {
+            node.module or ""
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.ImportFrom)
+        }
+        write_side = {f"roxxel.format.{m}" for m in ("writer", "dataset_writer", "atomic")}
+        assert not imported & write_side, name
+
+
+# Issue 12 item 9: the manifest agrees with each shard's own count ----------------------
+
+
+def test_issue12_item9_a_zero_count_entry_hiding_records_is_refused_at_open(dataset_dir) -> None:
+    def hide(doc):
+        doc["num_records"] -= doc["shards"][1]["num_records"]
+        doc["shards"][1]["num_records"] = 0
+
+    _edit_manifest(dataset_dir, hide)
+    with pytest.raises(FormatError) as info:
+        roxxel.open_dataset(dataset_dir)
+    assert (info.value.rule, info.value.path) == ("M9", str(dataset_dir / "shard-00001.rxs"))
+
+
+def test_issue12_item9_two_entries_hard_linked_to_one_file_are_refused(dataset_dir) -> None:
+    os.link(dataset_dir / "shard-00000.rxs", dataset_dir / "alias.rxs")
+
+    def alias(doc):
+        doc["shards"].append({**doc["shards"][0], "path": "alias.rxs"})
+        doc["num_records"] += doc["shards"][0]["num_records"]
+
+    _edit_manifest(dataset_dir, alias)
+    with pytest.raises(FormatError) as info:
+        roxxel.open_dataset(dataset_dir)
+    assert (info.value.rule, info.value.path) == ("M5", str(dataset_dir / "alias.rxs"))
+
+
+def test_issue12_item9_info_fails_on_an_m9_mismatch(dataset_dir, capsys) -> None:
+    from roxxel.cli import main
+
+    _add_a_shard_of_another_schema(dataset_dir)
+    assert main(["info", str(dataset_dir)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "rule M9" in err and "other.rxs" in err
+
+
+# Issue 12 item 10, issue 13 item 8: Python habits --------------------------------------
+
+
+@pytest.mark.parametrize("bad", [2.5, "1", b"1", None, np.float64(1.0)])
+def test_issue12_item10_non_integer_indices_are_type_errors(dataset_dir, bad) -> None:
+    ds = roxxel.open_dataset(dataset_dir)
+    for source in (ds, ds.shard(0)):
+        with pytest.raises(TypeError, match="expected an int or a slice"):
+            source[bad]
+    assert int(ds[np.int64(3)]["label"]) == 3 and int(ds[np.uint8(2)]["label"]) == 2
+
+
+def test_issue13_item8_a_field_name_index_says_how_to_get_a_column(dataset_dir) -> None:
+    ds = roxxel.open_dataset(dataset_dir)
+    with pytest.raises(TypeError, match=r"get_batch\(range\(len\(ds\)\), fields=\['tokens'\]\)"):
+        ds["tokens"]
+    labels = ds.get_batch(range(len(ds)), fields=["label"])["label"]
+    assert labels.tolist() == list(range(40))
+
+
+def test_issue13_item8_slices_give_lists_of_records(dataset_dir) -> None:
+    ds = roxxel.open_dataset(dataset_dir)
+    assert [int(r["label"]) for r in ds[0:3]] == [0, 1, 2]
+    assert [int(r["label"]) for r in ds[-2:]] == [38, 39]
+    assert [int(r["label"]) for r in ds[::13]] == [0, 13, 26, 39]
+    assert ds[5:2] == [] and len(ds[30:100]) == 10
+    shard = ds.shard(1)
+    assert [r["text"] for r in shard[:]] == [shard[i]["text"] for i in range(len(shard))]
+
+
+def test_issue13_item8_open_dataset_on_a_file_is_a_format_error(dataset_dir) -> None:
+    with pytest.raises(FormatError) as info:
+        roxxel.open_dataset(dataset_dir / "shard-00000.rxs")
+    assert info.value.rule == "M1" and "not a directory" in str(info.value)
+
+
+def test_issue13_item10_repr_names_path_records_and_fields(dataset_dir) -> None:
+    ds = roxxel.open_dataset(dataset_dir)
+    text = repr(ds)
+    assert str(dataset_dir) in text and "num_records=40" in text and "'tokens': 'int32[]'" in text
+    shard = ds.shard(0)
+    text = repr(shard)
+    assert str(shard.path) in text and f"num_records={len(shard)}" in text and "'label'" in text
+
+
+# Issue 12 item 12: fork while a thread holds the lock ----------------------------------
+
+
+def test_issue12_item12_a_fork_while_a_thread_holds_the_lock_does_not_deadlock(
+    dataset_dir,
+) -> None:
+    import signal
+    import threading
+    import warnings
+
+    ds = roxxel.open_dataset(dataset_dir)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with ds._lock:
+            held.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads, on purpose
+            pid = os.fork()
+        if pid == 0:  # the child: its first lazy map takes the lock
+            code = 3
+            try:
+                signal.alarm(30)  # a deadlocked child dies of SIGALRM instead of hanging
+                code = 0 if int(ds[len(ds) - 1]["label"]) == 39 else 4
+            finally:
+                os._exit(code)
+    finally:
+        release.set()
+        holder.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+# Issue 12 item 17: a cap on decoded bytes per read -------------------------------------
+
+
+@pytest.fixture
+def zstd_dir(tmp_path: Path) -> Path:
+    """Records that decode to 1 MiB each from a few hundred bytes of zstd."""
+    out = tmp_path / "z"
+    schema = {"pixels": "uint8[1024,1024]", "text": "str"}
+    with roxxel.DatasetWriter(out, schema, compress={"pixels": "zstd", "text": "zstd"}) as w:
+        for i in range(3):
+            w.write({"pixels": np.full((1024, 1024), i, np.uint8), "text": "x" * (i << 19)})
+    return out
+
+
+def test_issue12_item17_decoded_bytes_per_read_are_capped(zstd_dir) -> None:
+    mib = 1 << 20
+    ds = roxxel.open_dataset(zstd_dir, max_decoded_bytes=3 * mib)
+    assert int(ds[2]["pixels"][0, 0]) == 2
+    assert ds.get_batch([0, 1], fields=["pixels"])["pixels"].shape == (2, 1024, 1024)
+    with pytest.raises(ConfigError, match="read cap of 3145728") as info:
+        ds.get_batch([0] * 24)  # 24 MiB from one record
+    assert "max_decoded_bytes" in str(info.value)
+    with pytest.raises(ConfigError, match="read cap"):
+        ds.get_batch([2, 1, 0, 0], fields=["text"])  # 1.5 MiB of text, padded to 4 x 1 MiB
+    small = roxxel.open_dataset(zstd_dir, max_decoded_bytes=mib)
+    with pytest.raises(ConfigError, match="record 2"):
+        small[2]  # 1 MiB of pixels and 1 MiB of text
+    assert pickle.loads(pickle.dumps(small)).max_decoded_bytes == mib
+
+
+def test_issue12_item17_the_cap_comes_from_the_environment_by_default(
+    zstd_dir, monkeypatch
+) -> None:
+    monkeypatch.setenv("ROXXEL_MAX_DECODED_BYTES", str(1 << 20))
+    shard = roxxel.open_shard(zstd_dir / "shard-00000.rxs")
+    assert shard.max_decoded_bytes == 1 << 20
+    with pytest.raises(ConfigError, match="read cap"):
+        shard.get_batch([0, 0], fields=["pixels"])
+    monkeypatch.setenv("ROXXEL_MAX_DECODED_BYTES", "lots")
+    with pytest.raises(ConfigError, match="ROXXEL_MAX_DECODED_BYTES"):
+        roxxel.open_dataset(zstd_dir)
+    with pytest.raises(ConfigError, match="max_decoded_bytes"):
+        roxxel.open_dataset(zstd_dir, max_decoded_bytes=0)
+
+
+# Issue 12 "clear errors": hostile manifests --------------------------------------------
+
+
+def _edit_text(folder: Path, old: str, new: str) -> None:
+    path = folder / "manifest.json"
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+
+
+def test_issue12_clear_errors_huge_counts_are_format_errors(dataset_dir) -> None:
+    def huge(doc):
+        doc["num_records"] += 10**30 - doc["shards"][0]["num_records"]
+        doc["shards"][0]["num_records"] = 10**30
+
+    _edit_manifest(dataset_dir, huge)
+    with pytest.raises(FormatError) as info:
+        roxxel.open_dataset(dataset_dir)
+    assert info.value.rule == "M4"
+
+
+def test_issue12_clear_errors_counts_summing_past_2_pow_63_are_refused(dataset_dir, capsys) -> None:
+    from roxxel.cli import main
+
+    def big(doc):
+        for entry in doc["shards"][:3]:
+            entry["num_records"] = 2**62
+        doc["num_records"] = sum(e["num_records"] for e in doc["shards"])
+
+    _edit_manifest(dataset_dir, big)
+    with pytest.raises(FormatError) as info:
+        roxxel.open_dataset(dataset_dir)
+    assert info.value.rule == "M6"
+    assert main(["info", str(dataset_dir)]) == 1
+    assert "rule M6" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "rule"),
+    [
+        ('"metadata": {', '"metadata": {"k": 1e400, ', "M1"),
+        ('"metadata": {', '"metadata": {"k": NaN, ', "M1"),
+        ('"format_version": 1', '"format_version": 1.0', "M2"),
+        ('"format_version": 1', '"format_version": true', "M2"),
+        ('"format_version": 1', '"format_version": 1, "format_version": 1', "M1"),
+        ('"num_records": 40', '"num_records": 40.0', "M6"),
+    ],
+)
+def test_issue12_clear_errors_strict_manifest_json(dataset_dir, old, new, rule) -> None:
+    _edit_text(dataset_dir, old, new)
+    with pytest.raises(FormatError) as info:
+        roxxel.open_dataset(dataset_dir)
+    assert (info.value.rule, info.value.path) == (rule, str(dataset_dir / "manifest.json"))
+
+
+def test_issue12_clear_errors_symlink_loops_are_format_errors(dataset_dir, tmp_path) -> None:
+    os.symlink("loop.rxs", dataset_dir / "loop.rxs")
+    _edit_manifest(dataset_dir, lambda d: d["shards"][0].update(path="loop.rxs"))
+    with pytest.raises(FormatError) as info:
+        roxxel.open_dataset(dataset_dir)
+    assert info.value.rule == "M7"
+    (tmp_path / "m").mkdir()
+    os.symlink("manifest.json", tmp_path / "m" / "manifest.json")
+    with pytest.raises(FormatError) as info:
+        roxxel.open_dataset(tmp_path / "m")
+    assert info.value.rule == "M1"
+    os.symlink("self", tmp_path / "self")
+    with pytest.raises(FormatError) as info:
+        roxxel.open_dataset(tmp_path / "self")
+    assert info.value.rule == "M1"
+
+
+def test_issue12_clear_errors_a_manifest_that_is_a_directory(tmp_path) -> None:
+    (tmp_path / "manifest.json").mkdir()
+    with pytest.raises(FormatError) as info:
+        roxxel.open_dataset(tmp_path)
+    assert info.value.rule == "M1" and "not a regular file" in str(info.value)
+
+
+def test_issue12_clear_errors_an_unpickled_dataset_checks_its_fingerprint(dataset_dir) -> None:
+    ds = roxxel.open_dataset(dataset_dir)
+    blob, shard_blob = pickle.dumps(ds), pickle.dumps(ds.shard(0))
+    with roxxel.DatasetWriter(dataset_dir, SCHEMA, shard_bytes=200, overwrite=True) as w:
+        for i in range(40):
+            w.write(record(i + 1))
+    with pytest.raises(FormatError, match="changed since it was pickled"):
+        pickle.loads(blob)
+    with pytest.raises(FormatError, match="changed since it was pickled"):
+        pickle.loads(shard_blob)

@@ -45,6 +45,8 @@ def check(data: bytes | bytearray, rule: str, tmp_path: Path, read: bool = False
     message = str(info.value)
     assert f"rule {rule} " in message, message
     assert str(path) in message and "at byte" in message
+    assert (info.value.rule, info.value.path) == (rule, str(path))
+    assert isinstance(info.value.offset, int) and 0 <= info.value.offset <= len(data)
     return info.value
 
 
@@ -455,3 +457,46 @@ def test_r1_rejects_a_writer_temp_file_even_when_complete(tmp_path) -> None:
     path.write_bytes(bytes(golden()))
     with pytest.raises(FormatError, match="temp file"):
         roxxel.open_shard(path)
+
+
+# Issue 12: strict metadata JSON, capped record sizes, errors that carry their rule -------
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (b'"golden":1', b'"golden":1e400'),
+        (b'"golden":1', b'"golden":1,"golden":2'),
+        (b'"format_version":1', b'"format_version":true'),
+        (b'"format_version":1', b'"format_version":1.0'),
+        (b'"num_records":3', b'"num_records":3.0'),
+    ],
+)
+def test_issue12_clear_errors_shard_metadata_is_strict_json(tmp_path, old, new) -> None:
+    data = golden()
+    t = trailer(data)
+    raw = bytes(data[t.meta_offset : t.meta_offset + t.meta_bytes])
+    assert raw.count(old) == 1
+    check(edit_meta(data, lambda d: None, raw=raw.replace(old, new)), "R9", tmp_path)
+
+
+@pytest.mark.parametrize(
+    "spec", ["uint8[4294967296,4294967296]", "float64[1048576,1048577]", "int32[,4294967296,256]"]
+)
+def test_issue12_item15_a_record_past_the_size_cap_is_refused_where_the_schema_is_parsed(
+    tmp_path, spec
+) -> None:
+    with pytest.raises(roxxel.ConfigError, match=r"'big'.*too large") as info:
+        roxxel.Schema.parse({"big": spec})
+    assert "2**40" in str(info.value)
+    with pytest.raises(roxxel.ConfigError):
+        roxxel.ShardWriter(tmp_path / "s.rxs", {"big": spec})
+    assert list(tmp_path.iterdir()) == []
+    assert roxxel.Field.parse("ok", "uint8[1048576,1048576]").unit_bytes == 1 << 40
+
+
+def test_issue12_item15_a_shard_declaring_a_huge_field_is_refused(tmp_path) -> None:
+    def huge(doc):
+        field(doc, "image")["type"] = "uint8[4294967296,4294967296]"
+
+    check(edit_meta(golden(), huge), "R10", tmp_path)

@@ -55,15 +55,17 @@ def add_inspect_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def _elements(ds: Dataset) -> dict[str, int]:
-    """Elements (tokens) of each uncompressed 1-D variable field."""
-    out = {}
-    for field in ds.schema:
-        if field.kind == "array" and field.is_variable and len(field.shape) == 1:
-            try:
-                out[field.name] = ds.num_elements(field.name)
-            except FormatError:
-                continue  # compressed: no flat stream to count from
-    return out
+    """Elements (tokens) of each uncompressed 1-D variable field. Maps every shard, so a
+    shard that disagrees with the manifest (M9) fails the command."""
+    fields = [f for f in ds.schema if f.kind == "array" and f.is_variable and len(f.shape) == 1]
+    if not fields:
+        return {}
+    shards = ds.shards
+    return {
+        f.name: ds.num_elements(f.name)
+        for f in fields
+        if not any(s.columns[f.name].compressed for s in shards)  # no flat stream to count
+    }
 
 
 def cmd_info(args: argparse.Namespace) -> int:

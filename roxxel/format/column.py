@@ -115,6 +115,12 @@ class Column:
         table = self.decoded if self.decoded is not None else self.offsets
         return (int(table[i + 1]) - int(table[i])) // self.unit
 
+    def decoded_nbytes(self, i: int) -> int:
+        """Bytes record ``i`` of a zstd field decodes to, from the tables (nothing decoded)."""
+        if self.decoded is None:
+            return self.unit
+        return int(self.decoded[i + 1]) - int(self.decoded[i])
+
     def lengths(self, indices: np.ndarray) -> np.ndarray:
         """Vectorized `length` (int64)."""
         table = self.decoded if self.decoded is not None else self.offsets

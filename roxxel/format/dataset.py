@@ -1,55 +1,77 @@
 """`Dataset`: a directory of shards plus manifest.json, read as one index space.
 
-The manifest is untrusted input: it is checked (M1-M6), every shard entry must name a
-regular file inside the folder (M7, symlinks resolved) whose size matches (M8), and each
+The manifest is untrusted input: it is checked (M1-M6); every shard entry must name a
+regular file inside the folder (M7, symlinks resolved), each file listed once (M5, compared
+by device and inode, so hard links count), of the size listed (M8), whose trailer holds the
+entry's record count and index checksum (M9, one 64-byte read per shard at open); and each
 shard, when first mapped, must match its entry's count, checksum and schema (M9). Global
 index -> (shard, local index) is a binary search over cumulative counts; shards are mapped
-lazily, so opening a dataset costs a stat per shard and a few bytes per shard of memory.
+lazily, so opening a dataset costs an open, a stat and a 64-byte read per shard.
 """
 
 from __future__ import annotations
 
 import bisect
+import errno
 import hashlib
 import os
 import stat
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+import weakref
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from roxxel.errors import ConfigError, FormatError
-from roxxel.format.dataset_writer import publish_manifest
-from roxxel.format.gather import Batch, Group, RecordSource, gather, normalize_indices
+from roxxel.errors import FormatError
+from roxxel.format.gather import Batch, Group, RecordSource, gather, normalize_indices, read_cap
 from roxxel.format.manifest import (
     MANIFEST_MAX_BYTES,
     MANIFEST_NAME,
     Manifest,
     ShardEntry,
-    ShardInfo,
     checksum_text,
     parse_manifest,
 )
-from roxxel.format.reader import Corruption, Shard
+from roxxel.format.reader import Corruption, Shard, read_trailer
 from roxxel.format.schema import Schema
-from roxxel.format.writer import json_object
 
-__all__ = ["Dataset", "open_dataset", "write_manifest"]
+__all__ = ["Dataset", "open_dataset"]
+
+# Every open dataset, so a forked child can replace locks another thread held at the fork.
+_OPEN: weakref.WeakSet[Dataset] = weakref.WeakSet()
 
 
 class Dataset(RecordSource):
     """All records of a dataset directory: ``len()``, ``[i]``, `get_batch`, `verify`.
 
-    Thread-safe for reads. Pickles as its path. ``verify=True`` checks the checksum of every
-    record read (see docs/format.md for what that costs).
+    Thread-safe for reads, and fork-safe (a child gets fresh locks). Pickles as its path and
+    fingerprint: unpickling maps the files again and refuses a dataset that changed.
+    ``verify=True`` checks the checksum of every record read (see docs/format.md for what
+    that costs); ``max_decoded_bytes`` caps what one read may decode or allocate
+    (`roxxel.format.gather.read_cap`: 4 GiB unless ``$ROXXEL_MAX_DECODED_BYTES`` says else).
+    Raises FormatError (with ``.rule`` and ``.path``) for a folder that breaks M1-M9.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, verify: bool = False):
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        verify: bool = False,
+        max_decoded_bytes: int | None = None,
+    ):
         self.path = Path(path)
         self.verify_reads = verify
+        self.max_decoded_bytes = read_cap(max_decoded_bytes)
+        if self.path.exists() and not self.path.is_dir():
+            raise FormatError(
+                f"{self.path}: not a directory (a dataset is a folder holding {MANIFEST_NAME},"
+                " rule M1 of docs/format.md)",
+                rule="M1",
+                path=self.path,
+            )
         self.manifest: Manifest = _read_manifest(self.path / MANIFEST_NAME)
         self._check_entries()
         counts = [s.num_records for s in self.manifest.shards]
@@ -60,6 +82,7 @@ class Dataset(RecordSource):
         self._num = int(self.shard_starts[-1])
         self._shards: list[Shard | None] = [None] * len(counts)
         self._lock = threading.Lock()
+        _OPEN.add(self)
 
     @property
     def schema(self) -> Schema:
@@ -118,7 +141,8 @@ class Dataset(RecordSource):
             for rows in np.split(order, cuts) if order.size else []:
                 k = int(shard_ids[rows[0]])
                 groups.append((self._columns(k, local[rows]), rows, local[rows]))
-        return gather(groups, self.schema.select(fields), shard_ids.size, out)
+        fields_read = self.schema.select(fields)
+        return gather(groups, fields_read, shard_ids.size, out, self.max_decoded_bytes, self.path)
 
     def num_elements(self, field: str) -> int:
         """Elements of a variable-length field over the whole dataset (maps every shard)."""
@@ -150,103 +174,148 @@ class Dataset(RecordSource):
 
     def _open_shard(self, k: int) -> Shard:
         entry = self.manifest.shards[k]
-        shard = Shard(self.path / entry.path, verify=self.verify_reads)
+        path = self.path / entry.path
+        shard = Shard(path, verify=self.verify_reads, max_decoded_bytes=self.max_decoded_bytes)
         found = (len(shard), shard.num_bytes, checksum_text(shard.index_checksum))
         expected = (entry.num_records, entry.num_bytes, entry.checksum)
         if found != expected:
-            raise FormatError(
-                f"{shard.path}: (records, bytes, checksum) {found} disagree with"
-                f" the manifest {expected} (rule M9 of docs/format.md)"
-            )
+            raise _m9(path, f"(records, bytes, checksum) {found}", f"the manifest's {expected}")
         if shard.schema.to_json() != self.schema.to_json():
-            raise FormatError(
-                f"{shard.path}: schema {shard.schema.to_json()} differs from the"
-                f" manifest's {self.schema.to_json()} (rule M9 of docs/format.md)"
+            raise _m9(
+                path,
+                f"schema {shard.schema.to_json()} differs from the manifest's",
+                f"{self.schema.to_json()}",
             )
         return shard
 
     def _check_entries(self) -> None:
-        """M7, M8: every entry a regular file inside the folder, of the size listed."""
+        """M5, M7-M9 from the file system: one open, stat and 64-byte read per shard."""
         root = self.path.resolve()
-        seen: set[Path] = set()
+        seen: set[tuple[int, int]] = set()
         for entry in self.manifest.shards:
-            target = (self.path / entry.path).resolve()
-            where = f"{self.path / entry.path}"
-            if target.parent != root:
-                raise FormatError(f"{where}: resolves to {target}, outside the dataset (rule M7)")
-            if target in seen:
-                raise FormatError(f"{where}: listed twice through links (rule M5)")
-            seen.add(target)
-            try:
-                info = os.stat(target)
-            except FileNotFoundError:
+            info = _check_entry(self.path / entry.path, root, entry)
+            if (info.st_dev, info.st_ino) in seen:
                 raise FormatError(
-                    f"{where}: shard listed in the manifest is missing (rule M7)"
-                ) from None
-            if not stat.S_ISREG(info.st_mode) or info.st_size != entry.num_bytes:
-                raise FormatError(
-                    f"{where}: {info.st_size} bytes or not a regular file"
-                    f" (expected {entry.num_bytes} bytes, rule M8)"
+                    f"{self.path / entry.path}: one file listed twice through links"
+                    " (rule M5 of docs/format.md)",
+                    rule="M5",
+                    path=self.path / entry.path,
                 )
+            seen.add((info.st_dev, info.st_ino))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (open_dataset, (str(self.path),))
+        state = (str(self.path), self.fingerprint, self.verify_reads, self.max_decoded_bytes)
+        return (_reopen, state)
 
     def __repr__(self) -> str:
-        return f"Dataset({str(self.path)!r}, num_records={self._num}, shards={self.num_shards})"
+        return (
+            f"Dataset({str(self.path)!r}, num_records={self._num}, num_shards={self.num_shards},"
+            f" fields={self.schema.to_json()})"
+        )
 
 
-def open_dataset(path: str | os.PathLike[str], *, verify: bool = False) -> Dataset:
-    """Open a dataset directory written by `DatasetWriter` (or ``roxxel pack``)."""
-    return Dataset(path, verify=verify)
+def open_dataset(
+    path: str | os.PathLike[str], *, verify: bool = False, max_decoded_bytes: int | None = None
+) -> Dataset:
+    """Open a dataset directory written by `DatasetWriter` (or ``roxxel pack``).
+
+    ``verify=True`` checks each record read; ``max_decoded_bytes`` caps what one read may
+    decode or allocate (default 4 GiB or ``$ROXXEL_MAX_DECODED_BYTES``).
+    """
+    return Dataset(path, verify=verify, max_decoded_bytes=max_decoded_bytes)
+
+
+def _reopen(path: str, fingerprint: str, verify: bool, max_decoded_bytes: int) -> Dataset:
+    """Unpickle a dataset: open it again and check it is the dataset that was pickled."""
+    dataset = Dataset(path, verify=verify, max_decoded_bytes=max_decoded_bytes)
+    if dataset.fingerprint != fingerprint:
+        raise FormatError(
+            f"{path}: dataset changed since it was pickled (fingerprint {dataset.fingerprint},"
+            f" expected {fingerprint})",
+            path=path,
+        )
+    return dataset
+
+
+def _renew_locks() -> None:
+    """In a forked child: a lock held by a thread of the parent would never be released."""
+    for dataset in list(_OPEN):
+        dataset._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_renew_locks)
+
+
+def _m9(path: Path, found: str, expected: str) -> FormatError:
+    return FormatError(
+        f"{path}: {found} disagree with {expected} (rule M9 of docs/format.md)",
+        rule="M9",
+        path=path,
+    )
+
+
+def _check_entry(path: Path, root: Path, entry: ShardEntry) -> os.stat_result:
+    """M7-M9 for one entry, without mapping the file; returns its stat."""
+    try:
+        target = path.resolve()
+    except (RuntimeError, OSError) as exc:  # a symlink loop: RuntimeError before Python 3.13
+        raise _entry_error(path, "M7", f"does not resolve ({exc})") from None
+    if target.parent != root:
+        raise _entry_error(path, "M7", f"resolves to {target}, outside the dataset")
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise _entry_error(path, "M7", "shard listed in the manifest is missing") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size != entry.num_bytes:
+            raise _entry_error(
+                path,
+                "M8",
+                f"{info.st_size} bytes or not a regular file (expected {entry.num_bytes} bytes)",
+            )
+        trailer = read_trailer(fd, info.st_size, path)
+    finally:
+        os.close(fd)
+    found = (trailer.num_records, checksum_text(trailer.index_checksum))
+    if found != (entry.num_records, entry.checksum):
+        raise _m9(
+            path,
+            f"trailer (records, checksum) {found}",
+            f"the manifest's {(entry.num_records, entry.checksum)}",
+        )
+    return info
+
+
+def _entry_error(path: Path, rule: str, what: str) -> FormatError:
+    return FormatError(f"{path}: {what} (rule {rule} of docs/format.md)", rule=rule, path=path)
 
 
 def _read_manifest(path: Path) -> Manifest:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise FormatError(f"{path}: no manifest: not a roxxel dataset (rule M1)") from None
-    with os.fdopen(fd, "rb") as file:
-        info = os.fstat(file.fileno())
+        raise _entry_error(path, "M1", "no manifest: not a roxxel dataset") from None
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise _entry_error(path, "M1", "a symlink loop, not a manifest") from None
+    try:
+        info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_size > MANIFEST_MAX_BYTES:
-            raise FormatError(
-                f"{path}: not a regular file of at most {MANIFEST_MAX_BYTES} bytes"
-                " (rule M1 of docs/format.md)"
+            raise _entry_error(
+                path, "M1", f"not a regular file of at most {MANIFEST_MAX_BYTES} bytes"
             )
-        data = file.read(MANIFEST_MAX_BYTES + 1)
+        data = _read_all(fd, MANIFEST_MAX_BYTES + 1)
+    finally:
+        os.close(fd)
     return parse_manifest(data, path)
 
 
-def write_manifest(
-    path: str | os.PathLike[str],
-    shards: Iterable[str | os.PathLike[str] | ShardInfo],
-    schema: Schema | Mapping[str, str] | None = None,
-    metadata: Mapping[str, Any] | None = None,
-) -> Path:
-    """Finish a dataset whose shards were written separately: write its manifest last.
-
-    ``shards`` are shard files directly inside ``path`` (paths, or the `ShardInfo` a
-    writer returned), in dataset order. Each is opened and checked; all must share one
-    schema (``schema`` if given, else the first shard's). Returns the manifest's path.
-    """
-    folder = Path(path)
-    entries: list[ShardEntry] = []
-    for item in shards:
-        shard = Shard(item.path if isinstance(item, ShardInfo) else item)
-        if shard.path.resolve().parent != folder.resolve():
-            raise ConfigError(f"{folder}: shard {shard.path} is not directly inside the dataset")
-        if schema is None:
-            schema = shard.schema
-        if shard.schema.to_json() != Schema.parse(schema).to_json():
-            raise ConfigError(
-                f"{shard.path}: schema {shard.schema.to_json()} differs from"
-                f" {Schema.parse(schema).to_json()}"
-            )
-        entry = ShardEntry(
-            shard.path.name, len(shard), shard.num_bytes, checksum_text(shard.index_checksum)
-        )
-        entries.append(entry)
-    if schema is None:
-        raise ConfigError(f"{folder}: no shards and no schema: nothing to describe")
-    manifest = Manifest(Schema.parse(schema), tuple(entries), json_object(metadata, "metadata"))
-    return publish_manifest(folder, manifest)
+def _read_all(fd: int, limit: int) -> bytes:
+    """Up to ``limit`` bytes from ``fd``, to its end."""
+    parts, total = [], 0
+    while total < limit and (part := os.read(fd, min(limit - total, 1 << 20))):
+        parts.append(part)
+        total += len(part)
+    return b"".join(parts)

@@ -1,19 +1,28 @@
-"""`DatasetWriter`: a directory of shards of about ``shard_bytes`` each, manifest last."""
+"""`DatasetWriter`: a directory of shards of about ``shard_bytes`` each, manifest last; and
+`write_manifest`, which finishes a directory of shards written separately."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from roxxel.errors import ConfigError
 from roxxel.format.atomic import AtomicFile
-from roxxel.format.manifest import MANIFEST_NAME, Manifest, ShardEntry, ShardInfo
+from roxxel.format.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    ShardEntry,
+    ShardInfo,
+    checksum_text,
+    json_object,
+)
+from roxxel.format.reader import Shard
 from roxxel.format.schema import Codec, Schema
-from roxxel.format.writer import ShardWriter, json_object, parse_compress
+from roxxel.format.writer import ShardWriter, parse_compress
 
-__all__ = ["DatasetWriter", "publish_manifest"]
+__all__ = ["DatasetWriter", "publish_manifest", "write_manifest"]
 
 
 class DatasetWriter:
@@ -129,3 +138,38 @@ def publish_manifest(folder: Path, manifest: Manifest) -> Path:
         tmp.discard()
         raise
     return target
+
+
+def write_manifest(
+    path: str | os.PathLike[str],
+    shards: Iterable[str | os.PathLike[str] | ShardInfo],
+    schema: Schema | Mapping[str, str] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> Path:
+    """Finish a dataset whose shards were written separately: write its manifest last.
+
+    ``shards`` are shard files directly inside ``path`` (paths, or the `ShardInfo` a
+    writer returned), in dataset order. Each is opened and checked; all must share one
+    schema (``schema`` if given, else the first shard's). Returns the manifest's path.
+    """
+    folder = Path(path)
+    entries: list[ShardEntry] = []
+    for item in shards:
+        shard = Shard(item.path if isinstance(item, ShardInfo) else item)
+        if shard.path.resolve().parent != folder.resolve():
+            raise ConfigError(f"{folder}: shard {shard.path} is not directly inside the dataset")
+        if schema is None:
+            schema = shard.schema
+        if shard.schema.to_json() != Schema.parse(schema).to_json():
+            raise ConfigError(
+                f"{shard.path}: schema {shard.schema.to_json()} differs from"
+                f" {Schema.parse(schema).to_json()}"
+            )
+        entry = ShardEntry(
+            shard.path.name, len(shard), shard.num_bytes, checksum_text(shard.index_checksum)
+        )
+        entries.append(entry)
+    if schema is None:
+        raise ConfigError(f"{folder}: no shards and no schema: nothing to describe")
+    manifest = Manifest(Schema.parse(schema), tuple(entries), json_object(metadata, "metadata"))
+    return publish_manifest(folder, manifest)

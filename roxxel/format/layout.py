@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from roxxel.errors import ConfigError
+from roxxel.errors import ConfigError, FormatError, load_json
 from roxxel.format.schema import Codec, Field, Schema, parse_codec
 from roxxel.format.spec import (
     ALIGN,
@@ -112,15 +112,16 @@ def parse_layout(meta: bytes, trailer: Trailer, path: object) -> Layout:
     """Parse and check the metadata block of a shard whose trailer says ``trailer``."""
     at = trailer.meta_offset
     try:
-        doc = json.loads(meta.decode("utf-8"), parse_constant=_no_constants)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise fail(path, at, "R9", f"metadata is not UTF-8 JSON ({exc})") from None
+        doc = load_json(meta, "metadata")
+    except FormatError as exc:
+        raise fail(path, at, "R9", f"metadata is not strict UTF-8 JSON ({exc})") from None
     if not isinstance(doc, dict) or set(doc) != _TOP_KEYS:
         keys = sorted(doc) if isinstance(doc, dict) else type(doc).__name__
         raise fail(path, at, "R9", f"metadata keys {keys} (expected {sorted(_TOP_KEYS)})")
     expected = (FORMAT_NAME, FORMAT_VERSION, trailer.num_records, CHECKSUM_KIND)
     found = (doc["format"], doc["format_version"], doc["num_records"], doc["checksum"])
-    if found != expected or not isinstance(doc["writer"], str):
+    exact = type(found[1]) is int and type(found[2]) is int  # 1.0 and true equal 1 in Python
+    if found != expected or not exact or not isinstance(doc["writer"], str):
         raise fail(path, at, "R9", f"metadata header {found} (expected {expected})")
     if not isinstance(doc["metadata"], dict):
         raise fail(path, at, "R9", "user metadata is not a JSON object")
@@ -133,10 +134,6 @@ def parse_layout(meta: bytes, trailer: Trailer, path: object) -> Layout:
         raise fail(path, at, "R10", f"duplicate field names {names}")
     _check_packing(columns, trailer, path)
     return Layout(trailer.num_records, columns, doc["writer"], doc["metadata"])
-
-
-def _no_constants(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
 
 
 def _parse_column(doc: Any, num: int, where: tuple[object, int]) -> ColumnLayout:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from roxxel.errors import ConfigError, FormatError
+from roxxel.errors import ConfigError, FormatError, check_int, load_json
 from roxxel.format.schema import Schema
 from roxxel.format.spec import FORMAT_VERSION
 
@@ -22,11 +23,13 @@ __all__ = [
     "Manifest",
     "ShardEntry",
     "ShardInfo",
+    "json_object",
     "parse_manifest",
 ]
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_MAX_BYTES = 64 << 20
+MAX_NUM_RECORDS = 1 << 62  # per shard entry and for the whole dataset: int64 arithmetic stays exact
 FORMAT_NAME = "roxxel-dataset"
 _KEYS = {"format", "format_version", "metadata", "num_records", "schema", "shards"}
 _SHARD_KEYS = {"checksum", "num_bytes", "num_records", "path"}
@@ -92,13 +95,18 @@ def checksum_text(index_checksum: int) -> str:
 
 
 def parse_manifest(data: bytes, path: object) -> Manifest:
-    """Check a manifest's bytes against M1-M6 and return its values."""
+    """Check a manifest's bytes against M1-M6 and return its values.
+
+    Strict JSON (no NaN, no float overflow, no duplicate keys); counts are integers (never
+    bools or floats) of at most `MAX_NUM_RECORDS`, each and in total. Raises FormatError
+    with ``.rule`` and ``.path``.
+    """
     if len(data) > MANIFEST_MAX_BYTES:
         raise _fail(path, "M1", f"{len(data)} bytes (cap {MANIFEST_MAX_BYTES})")
     try:
-        doc = json.loads(data.decode("utf-8"), parse_constant=_reject)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise _fail(path, "M1", f"not UTF-8 JSON ({exc})") from None
+        doc = load_json(data, path)
+    except FormatError as exc:
+        raise _fail(path, "M1", f"not strict UTF-8 JSON ({exc})") from None
     if not isinstance(doc, dict) or set(doc) != _KEYS:
         raise _fail(
             path,
@@ -106,15 +114,7 @@ def parse_manifest(data: bytes, path: object) -> Manifest:
             f"keys {sorted(doc) if isinstance(doc, dict) else doc!r:.80}"
             f" (expected {sorted(_KEYS)})",
         )
-    if doc["format"] != FORMAT_NAME or doc["format_version"] != FORMAT_VERSION:
-        newer = isinstance(doc["format_version"], int) and doc["format_version"] > FORMAT_VERSION
-        hint = "; written by a newer roxxel, upgrade to read it" if newer else ""
-        raise _fail(
-            path,
-            "M2",
-            f"format {doc['format']!r} version {doc['format_version']!r}"
-            f" (expected {FORMAT_NAME!r} {FORMAT_VERSION}){hint}",
-        )
+    _check_version(doc["format"], doc["format_version"], path)
     try:
         schema = Schema.parse(doc["schema"])
     except ConfigError as exc:
@@ -126,26 +126,45 @@ def parse_manifest(data: bytes, path: object) -> Manifest:
     if len(set(names)) != len(names):
         raise _fail(path, "M5", f"duplicate shard entries in {names[:10]}")
     manifest = Manifest(schema, shards, doc["metadata"])
-    if doc["num_records"] != manifest.num_records:
+    total = manifest.num_records
+    if total > MAX_NUM_RECORDS:
+        raise _fail(path, "M6", f"shards hold {total} records in all (cap {MAX_NUM_RECORDS})")
+    if type(doc["num_records"]) is not int or doc["num_records"] != total:
         raise _fail(
-            path,
-            "M6",
-            f"num_records {doc['num_records']!r} (expected the shards' sum {manifest.num_records})",
+            path, "M6", f"num_records {doc['num_records']!r} (expected the shards' sum {total})"
         )
     return manifest
+
+
+def _check_version(name: Any, version: Any, path: object) -> None:
+    """M2: this format's name and version, the version an int (``1.0`` and ``true`` are not)."""
+    if name == FORMAT_NAME and type(version) is int and version == FORMAT_VERSION:
+        return
+    newer = type(version) is int and version > FORMAT_VERSION
+    hint = "; written by a newer roxxel, upgrade to read it" if newer else ""
+    raise _fail(
+        path,
+        "M2",
+        f"format {name!r:.80} version {version!r:.80} (expected {FORMAT_NAME!r} {FORMAT_VERSION}){hint}",
+    )
 
 
 def _entry(doc: Any, index: int, path: object) -> ShardEntry:
     where = f"shards[{index}]"
     if not isinstance(doc, dict) or set(doc) != _SHARD_KEYS:
         raise _fail(path, "M4", f"{where} is {doc!r:.120} (expected keys {sorted(_SHARD_KEYS)})")
-    name, num, size, crc = doc["path"], doc["num_records"], doc["num_bytes"], doc["checksum"]
-    if not (type(num) is int and type(size) is int and num >= 0 and 0 <= size < 1 << 62):
-        raise _fail(path, "M4", f"{where}: counts {num!r}, {size!r} (expected integers >= 0)")
+    name, crc = doc["path"], doc["checksum"]
+    try:
+        num = check_int(f"{where}.num_records", doc["num_records"], 0, MAX_NUM_RECORDS, FormatError)
+        size = check_int(f"{where}.num_bytes", doc["num_bytes"], 0, (1 << 62) - 1, FormatError)
+    except FormatError as exc:
+        raise _fail(path, "M4", str(exc)) from None
     if not isinstance(crc, str) or not _CHECKSUM.match(crc):
-        raise _fail(path, "M4", f"{where}: checksum {crc!r} (expected xxh3:<16 hex digits>)")
+        raise _fail(path, "M4", f"{where}: checksum {crc!r:.80} (expected xxh3:<16 hex digits>)")
     if not _plain_name(name):
-        raise _fail(path, "M5", f"{where}: path {name!r} (expected a file name inside the dataset)")
+        raise _fail(
+            path, "M5", f"{where}: path {name!r:.300} (expected a file name inside the dataset)"
+        )
     return ShardEntry(name, num, size, crc)
 
 
@@ -159,9 +178,21 @@ def _plain_name(name: Any) -> bool:
     )
 
 
-def _reject(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
+def json_object(value: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
+    """A copy of ``value`` as a dict, checked to be plain JSON (ConfigError otherwise).
+
+    Shared by both sides: writers check user metadata with it before writing anything.
+
+    >>> json_object({"source": "web"}, "metadata")
+    {'source': 'web'}
+    """
+    data = dict(value or {})
+    try:
+        json.dumps(data, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ConfigError(f"{where}: not JSON-serializable ({exc})") from None
+    return data
 
 
 def _fail(path: object, rule: str, what: str) -> FormatError:
-    return FormatError(f"{path}: {what} (rule {rule} of docs/format.md)")
+    return FormatError(f"{path}: {what} (rule {rule} of docs/format.md)", rule=rule, path=path)

@@ -20,20 +20,28 @@ import numpy as np
 
 from roxxel.errors import FormatError
 from roxxel.format.column import Column
-from roxxel.format.gather import Batch, RecordSource, gather, normalize_indices
+from roxxel.format.gather import (
+    Batch,
+    RecordSource,
+    check_read_bytes,
+    gather,
+    normalize_indices,
+    read_cap,
+)
 from roxxel.format.layout import Layout, parse_layout
 from roxxel.format.manifest import ShardInfo, checksum_text
 from roxxel.format.schema import Schema
 from roxxel.format.spec import (
     HEADER_BYTES,
     TRAILER_BYTES,
+    Trailer,
     fail,
     index_checksum,
     parse_header,
     parse_trailer,
 )
 
-__all__ = ["TEMP_NAME", "Corruption", "Shard", "open_shard", "shard_infos"]
+__all__ = ["TEMP_NAME", "Corruption", "Shard", "open_shard", "read_trailer", "shard_infos"]
 
 # Writers write ".<name>.<pid>.<hex>.tmp" and rename it when complete; a file of that name
 # may be whole yet unpublished (its writer was killed during fsync), so it is never a shard.
@@ -53,13 +61,22 @@ class Corruption:
 class Shard(RecordSource):
     """One shard file: ``len()``, ``[i]`` -> dict of arrays, `get_batch`, `verify`.
 
-    Thread-safe for reads. Pickles as its path (another process maps the file itself).
-    `close` drops this object's references; live record views keep the mapping alive.
+    Thread-safe for reads. Pickles as its path (another process maps the file itself, and
+    refuses a file whose index changed meanwhile). `close` drops this object's references;
+    live record views keep the mapping alive. One read decodes or allocates at most
+    ``max_decoded_bytes`` (see `read_cap`), else ConfigError before any of it.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, verify: bool = False):
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        verify: bool = False,
+        max_decoded_bytes: int | None = None,
+    ):
         self.path = Path(path)
         self.verify_reads = verify
+        self.max_decoded_bytes = read_cap(max_decoded_bytes)
         self._mmap, self._buf = _map_file(self.path)
         self.layout, self.index_checksum = _parse(self._buf, self.path)
         self.columns = {
@@ -67,6 +84,7 @@ class Shard(RecordSource):
             for c in self.layout.columns
         }
         self._columns = tuple(self.columns.values())
+        self._compressed = tuple(c for c in self._columns if c.compressed)
         self._num = self.layout.num_records
 
     @property
@@ -83,6 +101,9 @@ class Shard(RecordSource):
 
     def record(self, i: int) -> dict[str, Any]:
         """Record ``i`` (already in range): every field, views where uncompressed."""
+        if self._compressed:
+            nbytes = sum(c.decoded_nbytes(i) for c in self._compressed)
+            check_read_bytes(self.path, f"record {i}", nbytes, self.max_decoded_bytes)
         verify = self.verify_reads
         return {c.name: c.record(i, verify) for c in self._columns}
 
@@ -94,7 +115,9 @@ class Shard(RecordSource):
         if self.verify_reads:
             for column in self._columns:
                 column.verify_records(idx.tolist())
-        return gather([(self.columns, None, idx)], self.schema.select(fields), idx.size, out)
+        fields_read = self.schema.select(fields)
+        groups = [(self.columns, None, idx)]
+        return gather(groups, fields_read, idx.size, out, self.max_decoded_bytes, self.path)
 
     def flat(self, field: str) -> np.ndarray:
         """Every record of an uncompressed variable-length field, concatenated (a view)."""
@@ -136,15 +159,42 @@ class Shard(RecordSource):
         self._columns = ()
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (open_shard, (str(self.path),))
+        state = (str(self.path), self.index_checksum, self.verify_reads, self.max_decoded_bytes)
+        return (_reopen, state)
 
     def __repr__(self) -> str:
-        return f"Shard({str(self.path)!r}, num_records={self._num})"
+        return f"Shard({str(self.path)!r}, num_records={self._num}, fields={self.schema.to_json()})"
 
 
-def open_shard(path: str | os.PathLike[str], *, verify: bool = False) -> Shard:
-    """Map and validate one shard file. ``verify=True`` checks each record read."""
-    return Shard(path, verify=verify)
+def open_shard(
+    path: str | os.PathLike[str], *, verify: bool = False, max_decoded_bytes: int | None = None
+) -> Shard:
+    """Map and validate one shard file. ``verify=True`` checks each record read;
+    ``max_decoded_bytes`` caps what one read may decode or allocate (`read_cap`)."""
+    return Shard(path, verify=verify, max_decoded_bytes=max_decoded_bytes)
+
+
+def _reopen(path: str, index_checksum: int, verify: bool, max_decoded_bytes: int) -> Shard:
+    """Unpickle a shard: map the file again and check it is still the same file's index."""
+    shard = Shard(path, verify=verify, max_decoded_bytes=max_decoded_bytes)
+    if shard.index_checksum != index_checksum:
+        raise FormatError(
+            f"{path}: shard changed since it was pickled (index checksum"
+            f" {shard.index_checksum:016x}, expected {index_checksum:016x})",
+            path=path,
+        )
+    return shard
+
+
+def read_trailer(fd: int, file_bytes: int, path: object) -> Trailer:
+    """The checked trailer (R1, R5-R7) of an open shard file of ``file_bytes`` bytes, from
+    one 64-byte read: what a dataset compares with its manifest without mapping the file."""
+    if file_bytes < HEADER_BYTES + TRAILER_BYTES:
+        raise fail(path, file_bytes, "R1", f"file of {file_bytes} bytes is too short")
+    data = os.pread(fd, TRAILER_BYTES, file_bytes - TRAILER_BYTES)
+    if len(data) != TRAILER_BYTES:
+        raise fail(path, file_bytes, "R1", "file shrank while it was read")
+    return parse_trailer(data, file_bytes, path)
 
 
 def _map_file(path: Path) -> tuple[mmap.mmap, np.ndarray]:

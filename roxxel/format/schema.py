@@ -38,6 +38,7 @@ CODECS = ("none", "zstd")
 MAX_FIELD_NAME = 128
 MAX_RANK = 8
 MAX_DIM = 1 << 32
+MAX_UNIT_BYTES = 1 << 40  # one fixed-shape record, or one element of a variable one
 _SPEC = re.compile(r"^([a-z0-9]+)(?:\[([0-9,]*)\])?$")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
 
@@ -114,7 +115,14 @@ class Field:
                 f"field {name!r}: bad spec ({spec!r}, expected one of {', '.join(NUMERIC_DTYPES)},"
                 " bytes or str, optionally with a shape like [3,64,64], [] or [,4])"
             )
-        return cls(name, numpy_dtype(match.group(1)), _parse_shape(name, match.group(2)))
+        field = cls(name, numpy_dtype(match.group(1)), _parse_shape(name, match.group(2)))
+        if field.unit_bytes > MAX_UNIT_BYTES:
+            what = "an element" if field.is_variable else "a record"
+            raise ConfigError(
+                f"field {name!r}: {what} of {spec} is too large ({field.unit_bytes} bytes,"
+                f" expected at most {MAX_UNIT_BYTES} = 2**40)"
+            )
+        return field
 
     @property
     def is_variable(self) -> bool:
@@ -268,7 +276,7 @@ def _exact_cast(array: np.ndarray, field: Field, where: str) -> np.ndarray:
     if not (src.kind in "biu" or _is_float(src)) or (target.kind in "biu" and _is_float(src)):
         raise ConfigError(f"{where}: field {field.name!r} got {src} values (expected {field.spec})")
     if _is_float(target) and _is_float(src):
-        return array.astype(target)  # float precision is what the user asked for
+        return _float_cast(array, field, where)
     with np.errstate(all="ignore"):
         cast = array.astype(target)
         same = np.array_equal(cast.astype(src), array)
@@ -276,6 +284,23 @@ def _exact_cast(array: np.ndarray, field: Field, where: str) -> np.ndarray:
     if not same:
         bad = array.flat[int(np.argmax(cast.astype(src) != array))] if array.size else array
         raise ConfigError(f"{where}: field {field.name!r} value {bad} does not fit {target.name}")
+    return cast
+
+
+def _float_cast(array: np.ndarray, field: Field, where: str) -> np.ndarray:
+    """A float cast that may round (the precision the user asked for) but never overflow: a
+    finite value that becomes +-inf is refused; an inf or nan given stays what it is."""
+    with np.errstate(over="ignore"):
+        cast = array.astype(field.dtype)
+    if field.dtype.itemsize > array.dtype.itemsize or np.isfinite(cast).all():
+        return cast
+    overflow = ~np.isfinite(cast) & np.isfinite(array)
+    if overflow.any():
+        bad = array.flat[int(np.argmax(overflow))]
+        raise ConfigError(
+            f"{where}: field {field.name!r} value {bad} does not fit {field.dtype.name} "
+            f"(overflows to inf, expected a finite value within {field.dtype.name}'s range)"
+        )
     return cast
 
 

@@ -54,8 +54,14 @@ _TRAILER_SUM_AT = 32  # the index checksum covers the trailer bytes before this 
 
 
 def fail(path: object, offset: int, rule: str, what: str) -> FormatError:
-    """A FormatError in the one message form every format check uses."""
-    return FormatError(f"{path}: {what} at byte {offset} (rule {rule} of docs/format.md)")
+    """A FormatError in the one message form every format check uses, carrying ``rule``,
+    ``path`` and ``offset`` as attributes."""
+    return FormatError(
+        f"{path}: {what} at byte {offset} (rule {rule} of docs/format.md)",
+        rule=rule,
+        path=path,
+        offset=offset,
+    )
 
 
 def align(offset: int) -> int:

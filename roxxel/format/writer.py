@@ -1,4 +1,4 @@
-"""Writers: one shard file (`ShardWriter`) and a directory of shards (`DatasetWriter`).
+"""`ShardWriter`: one shard file, written beside its target and renamed into place whole.
 
 Every file appears atomically: bytes go to a temp file in the same folder, which is
 fsynced, renamed over the final name, and the folder fsynced. A writer that fails or is
@@ -8,7 +8,6 @@ the final name. The manifest of a dataset is written last.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -25,7 +24,7 @@ import zstandard
 from roxxel.errors import ConfigError
 from roxxel.format.atomic import AtomicFile
 from roxxel.format.layout import ColumnLayout, Extent, Layout, layout_to_json
-from roxxel.format.manifest import ShardInfo, checksum_text
+from roxxel.format.manifest import ShardInfo, checksum_text, json_object
 from roxxel.format.schema import Codec, Field, Ragged, Schema, parse_codec
 from roxxel.format.spec import (
     HEADER_BYTES,
@@ -39,7 +38,7 @@ from roxxel.format.spec import (
 )
 from roxxel.version import __version__
 
-__all__ = ["ShardInfo", "ShardWriter", "json_object", "parse_compress", "write_shard"]
+__all__ = ["ShardInfo", "ShardWriter", "parse_compress", "write_shard"]
 
 WRITER_VERSION = __version__  # recorded in every shard; the golden-file test pins it
 SPOOL_BYTES = 64 << 20  # secondary columns stay in memory up to this size, then spill to disk
@@ -340,13 +339,3 @@ def _primary(schema: Schema) -> Field:
     """The field streamed straight into the file: the first variable one, else the widest."""
     variable = [f for f in schema if f.is_variable]
     return variable[0] if variable else max(schema, key=lambda f: f.unit_bytes)
-
-
-def json_object(value: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
-    """A copy of ``value`` as a dict, checked to be plain JSON (ConfigError otherwise)."""
-    data = dict(value or {})
-    try:
-        json.dumps(data, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: not JSON-serializable ({exc})") from None
-    return data

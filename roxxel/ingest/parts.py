@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from roxxel.errors import ConfigError, RoxxelError
-from roxxel.format.dataset import write_manifest
+from roxxel.format.dataset_writer import write_manifest
 from roxxel.format.manifest import MANIFEST_NAME, ShardInfo
 from roxxel.format.reader import shard_infos
 

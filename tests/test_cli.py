@@ -19,7 +19,7 @@ import roxxel
 from roxxel.cli import main
 
 ROXXEL = Path(sys.executable).with_name("roxxel")
-COMMANDS = ["pack", "merge", "info", "verify", "cat", "bench", "plan"]
+COMMANDS = ["pack", "merge", "info", "verify", "cat", "bench", "plan", "peek"]
 
 MAP_SOURCE = '''
 import os, signal

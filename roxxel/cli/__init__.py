@@ -14,6 +14,7 @@ import sys
 from roxxel.cli.args import UsageError
 from roxxel.cli.inspect_cmds import add_inspect_parsers
 from roxxel.cli.pack import add_merge_parser, add_pack_parser
+from roxxel.cli.peek import add_peek_parser
 from roxxel.cli.plan import add_plan_parser
 from roxxel.errors import RoxxelError
 from roxxel.version import __version__
@@ -27,13 +28,14 @@ EPILOG = """examples:
   roxxel info data/corpus
   roxxel verify data/corpus
   roxxel cat data/corpus 0 -1 --json
+  roxxel peek data/corpus --step 0 --batch-size 8 --rows 4
 Run `roxxel COMMAND --help` for each command's options."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="roxxel",
-        description="Pack data into roxxel shards and inspect datasets.",
+        description="Pack data into roxxel shards, inspect datasets and the batches a loader reads.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -43,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_merge_parser(sub)
     add_inspect_parsers(sub)
     add_plan_parser(sub)
+    add_peek_parser(sub)
     return parser
 
 

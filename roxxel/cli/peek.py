@@ -1,0 +1,162 @@
+"""``roxxel peek``: the rows a loader reads at one step, before training on them.
+
+The source is a dataset directory (its records, or token windows with ``--seq-len``) or a
+mixture TOML file (as ``roxxel plan`` reads it). Each row shows its source, its record, its
+length and its first values, as text when they are bytes (a ``str`` field, uint8 tokens)
+or when the dataset's metadata names a ``tokenizer`` file and the ``tokenizers`` package
+is installed. The rows are those `roxxel.Loader` yields at that step with the same seed and
+batch size (`Loader.peek`); this command loads jax, as the loader does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from roxxel.cli.args import UsageError
+from roxxel.cli.plan import open_plan_source
+from roxxel.errors import ConfigError
+from roxxel.format.dataset import Dataset, open_dataset
+from roxxel.sampling.from_toml import load_mixture
+from roxxel.sampling.mixture import Mixture
+from roxxel.sources.records import Records, TokenWindows
+
+__all__ = ["add_peek_parser"]
+
+EPILOG = """examples:
+  roxxel peek data/corpus --step 0 --batch-size 8 --rows 4 --field text
+  roxxel peek data/web --step 1000 --batch-size 256 --seq-len 2048 --seed 1
+  roxxel peek mixture.toml --step 5000 --rows 8 --json"""
+
+SHOWN_VALUES = 16  # values printed per row (the JSON output has them all)
+SHOWN_CHARS = 120  # characters of text printed per row
+
+
+def add_peek_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "peek",
+        help="show the rows a loader reads at one step",
+        description="Print, per row of a step's batch, its source, record, length and first "
+        "values (decoded to text where the values are bytes or a tokenizer is known).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("source", metavar="DATASET|MIXTURE.toml")
+    p.add_argument("--step", type=int, required=True, metavar="N", help="the step to look at")
+    p.add_argument("--rows", type=int, metavar="K", help="only the first K rows (default: all)")
+    p.add_argument("--seed", type=int, help="the loader's seed (default: a mixture's own, else 0)")
+    p.add_argument(
+        "--batch-size", type=int, metavar="B", help="global batch size (a mixture has its own)"
+    )
+    p.add_argument("--seq-len", type=int, metavar="L", help="token windows of L over --field")
+    p.add_argument("--field", metavar="F", help="the field to show (and to cut windows from)")
+    p.add_argument("--no-shuffle", action="store_true", help="a dataset read in its order")
+    p.add_argument("--json", action="store_true", help="one JSON object per row, all values")
+    p.set_defaults(func=cmd_peek)
+
+
+def cmd_peek(args: argparse.Namespace) -> int:
+    source, datasets = _open(args)
+    # jax loads here, for this command only: `import roxxel.cli` stays light
+    from roxxel.loader.loader import Loader
+
+    loader = Loader(source, args.batch_size, seed=args.seed, shuffle=not args.no_shuffle)
+    decode = _tokenizer(datasets)
+    field = None if args.seq_len is not None else args.field
+    rows = loader.peek(args.step, args.rows, field=field, decode=decode)
+    if not rows:
+        raise ConfigError(
+            f"peek: no batch at step {args.step} (past the end of the stream, expected a "
+            f"step < {loader.num_steps})"
+            if loader.num_steps is not None
+            else f"peek: no batch at step {args.step} (past the end of the stream)"
+        )
+    if args.json:
+        for row in rows:
+            print(json.dumps({**row, "values": _json_values(row["values"])}))
+        return 0
+    print(f"step {args.step}: {len(rows)} rows of {rows[0]['field']!r}")
+    for row in rows:
+        print(
+            f"row {row['row']}  source {row['source']}  record {row['record']}  "
+            f"length {row['length']}  {_shown(row)}"
+        )
+    return 0
+
+
+def _open(args: argparse.Namespace) -> tuple[Any, list[Dataset]]:
+    """The loader's source and the datasets under it."""
+    if Path(args.source).is_file():  # a mixture TOML
+        if args.seq_len is not None:
+            raise UsageError("--seq-len is for a dataset (a mixture's sources set seq_len)")
+        mixture = load_mixture(args.source, open_plan_source)
+        return mixture, _datasets(mixture)
+    dataset = open_dataset(args.source)
+    if args.batch_size is None:
+        raise UsageError("a dataset needs --batch-size (the loader's global batch size)")
+    if args.seq_len is None:
+        return dataset, [dataset]
+    field = args.field if args.field is not None else _token_field(dataset)
+    return TokenWindows(dataset, field, args.seq_len), [dataset]
+
+
+def _token_field(dataset: Dataset) -> str:
+    """The dataset's only 1-D variable-length numeric field (what --seq-len cuts)."""
+    names = [
+        f.name for f in dataset.schema if f.kind == "array" and f.is_variable and len(f.shape) == 1
+    ]
+    if len(names) != 1:
+        raise ConfigError(
+            f"{dataset.path}: --seq-len needs --field ({names}, expected one 1-D "
+            "variable-length field or --field naming it)"
+        )
+    return names[0]
+
+
+def _datasets(mixture: Mixture) -> list[Dataset]:
+    found = []
+    for source in mixture.sources:
+        if isinstance(source, Dataset):
+            found.append(source)
+        elif isinstance(source, Records | TokenWindows) and isinstance(source.dataset, Dataset):
+            found.append(source.dataset)
+    return found
+
+
+def _tokenizer(datasets: list[Dataset]) -> Any:
+    """``decode`` of the tokenizer the datasets' metadata names (one file for all), when
+    it exists and the optional ``tokenizers`` package is installed; else None."""
+    files = set()
+    for dataset in datasets:
+        name = dataset.metadata.get("tokenizer")
+        if isinstance(name, str) and name:
+            files.add(dataset.path / name)  # an absolute name stays itself
+    if len(files) != 1 or not (file := files.pop()).is_file():
+        return None
+    try:  # optional: a look at a batch works without it
+        tokenizers = importlib.import_module("tokenizers")
+    except ImportError:
+        return None
+    return tokenizers.Tokenizer.from_file(str(file)).decode
+
+
+def _json_values(values: np.ndarray) -> Any:
+    if values.dtype.kind not in "biuf":  # bfloat16: no JSON number of its own
+        values = values.astype(np.float32)
+    return values.tolist()
+
+
+def _shown(row: dict[str, Any]) -> str:
+    text = row["text"]
+    if text is not None:
+        return repr(text[:SHOWN_CHARS]) + (" ..." if len(text) > SHOWN_CHARS else "")
+    values = row["values"]
+    if values.ndim == 0:
+        return str(values)
+    head = np.array2string(values[:SHOWN_VALUES], max_line_width=10_000, threshold=10_000)
+    return head + (f" ... ({values.shape[0]} in all)" if values.shape[0] > SHOWN_VALUES else "")

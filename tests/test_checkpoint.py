@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +14,7 @@ from roxxel.errors import ConfigError, StateError
 from roxxel.train.checkpoint import CheckpointConfig, Checkpointer
 
 
-def state(value: float) -> dict[str, jax.Array]:
+def state(value: float) -> dict[str, Any]:
     return {
         "params": {"w": jnp.full((64, 32), value, jnp.float32), "b": jnp.zeros(3, jnp.int32)},
         "step": jnp.asarray(int(value), jnp.int32),

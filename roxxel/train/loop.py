@@ -12,7 +12,12 @@ holds the state before batch s, so a restored run continues with batch s.
 
 A loader is anything that follows this protocol (`roxxel.Loader` does): an iterable of
 batches (dicts of arrays) with ``state() -> dict`` (small, JSON-able) describing the position
-of the next batch it will yield, and ``restore(state)`` to continue from such a position.
+of the next batch it will yield, with that batch's step under ``"step"``, and
+``restore(state)`` to continue from such a position.
+
+`fit` says why it ended, in `FitResult.message` and on the log's console channel: a loader
+that ran out of batches before ``num_steps``, a stop signal, or a run that was already
+complete (then it trains nothing and returns the last logged metrics).
 """
 
 from __future__ import annotations
@@ -33,8 +38,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from roxxel.errors import ConfigError, StateError
-from roxxel.train.checkpoint import CheckpointConfig, Checkpointer
-from roxxel.train.metrics import MetricsLogger, split_step_output
+from roxxel.train.checkpoint import CheckpointConfig, Checkpointer, Restored
+from roxxel.train.metrics import MetricsLogger, last_metrics, split_step_output
 
 __all__ = ["FitResult", "LoaderLike", "TrainConfig", "fit", "split_step_output"]
 
@@ -42,7 +47,7 @@ Status = Literal["completed", "preempted", "exhausted"]
 
 
 class LoaderLike(Protocol):
-    """What `fit` needs from a loader."""
+    """What `fit` needs from a loader: ``state()["step"]`` is the step of its next batch."""
 
     def __iter__(self) -> Any: ...
     def state(self) -> dict[str, Any]: ...
@@ -110,6 +115,9 @@ class FitResult:
         save_seconds: how long each save blocked the loop.
         checkpoint_dir: where the checkpoints are.
         metrics_path: the JSON Lines metrics file.
+        message: why the run ended, in one line (also on the console and in the log):
+            the loader ran out, a signal, or a run that was already complete (then
+            ``start_step == step`` and `metrics` are the last ones logged, if any).
     """
 
     status: Status
@@ -121,6 +129,7 @@ class FitResult:
     save_seconds: tuple[float, ...]
     checkpoint_dir: str
     metrics_path: str
+    message: str = ""
 
 
 def _compile(step_fn: Callable[..., Any], skip: bool) -> Callable[..., Any]:
@@ -300,12 +309,7 @@ def fit(
             _fetch_after_crash(run)
             logger.crash(exc, run.step)
             raise
-        if status == "preempted":
-            message = (
-                f"roxxel: preempted by {stop.received} at step {run.step}; saved checkpoint "
-                f"{run.step} in {checkpointer.directory}; exiting cleanly"
-            )
-            logger.event("preempted", run.step, message, signal=stop.received)
+        message = _report_end(run, status, start, stop.received)
         return FitResult(
             status=status,
             step=run.step,
@@ -316,7 +320,37 @@ def fit(
             save_seconds=tuple(run.save_seconds),
             checkpoint_dir=checkpointer.directory,
             metrics_path=str(logger.path),
+            message=message,
         )
+
+
+def _report_end(run: _Run, status: Status, start: int, received: str | None) -> str:
+    """Logs (and prints, with ``console``) why the run ended; returns that line."""
+    where, step, num_steps = run.checkpointer.directory, run.step, run.config.num_steps
+    if status == "preempted":
+        message = (
+            f"roxxel: preempted by {received} at step {step}; saved checkpoint "
+            f"{step} in {where}; exiting cleanly"
+        )
+        run.logger.event("preempted", step, message, signal=received)
+    elif status == "exhausted":
+        message = (
+            f"roxxel: the loader ran out of batches at step {step} of {num_steps}; saved "
+            f"checkpoint {step} in {where} (a finite loader ends after its epochs: give it "
+            "more, e.g. LoaderConfig(num_epochs=None), or ask for fewer num_steps)"
+        )
+        run.logger.event("exhausted", step, message, num_steps=num_steps)
+    elif start >= num_steps:
+        message = (
+            f"roxxel: the run is already complete (checkpoint {start} in {where}, "
+            f"num_steps={num_steps}); nothing to train: raise num_steps to train on"
+        )
+        run.logger.event("complete", step, message, num_steps=num_steps)
+        found = last_metrics(run.logger.path) if run.logger.is_main else None
+        run.metrics = found[1] if found is not None else {}
+    else:
+        message = f"roxxel: completed {num_steps} steps; saved checkpoint {step} in {where}"
+    return message
 
 
 def _unshare(state: Any) -> Any:
@@ -339,14 +373,37 @@ def _resume(run: _Run, state: Any) -> Any:
             f"fit: {run.checkpointer.directory} already holds checkpoints "
             f"({run.checkpointer.all_steps()}, expected none when resume=False)"
         )
-    if latest is not None:
-        restored = run.checkpointer.restore(state, latest)
+    restored = run.checkpointer.restore_newest(state) if latest is not None else None
+    if restored is not None:
+        for skipped in restored.skipped:
+            message = (
+                f"roxxel: skipped damaged checkpoint {skipped.step} ({skipped.reason}); "
+                f"moved it to {skipped.moved_to}"
+            )
+            run.logger.event("skipped_checkpoint", skipped.step, message, reason=skipped.reason)
+        _check_loader_step(run, restored, restored.loader_state.get("step"), "saved with")
         run.loader.restore(restored.loader_state)
-        run.step, state = latest, restored.state
-        run.saved.add(latest)
-        run.logger.event("restored", latest, f"roxxel: resumed from checkpoint {latest}")
+        _check_loader_step(run, restored, run.loader.state().get("step"), "restored at")
+        run.step, state = restored.step, restored.state
+        run.saved.add(restored.step)
+        message = f"roxxel: resumed from checkpoint {restored.step}"
+        run.logger.event("restored", restored.step, message)
     run.loader_state = run.loader.state()
     return _unshare(state)
+
+
+def _check_loader_step(run: _Run, restored: Restored, found: object, how: str) -> None:
+    """Refuses a checkpoint whose loader state is at another step than its train state."""
+    exact = isinstance(found, int | np.integer) and not isinstance(found, bool)
+    if exact and int(found) == restored.step:  # type: ignore[arg-type]
+        return
+    folder = os.path.join(run.checkpointer.directory, str(restored.step))
+    raise StateError(
+        f"fit: checkpoint {folder} pairs train step {restored.step} with a loader state "
+        f"{how} another step ({found!r}, expected {restored.step}: resuming would train "
+        "on other data under a wrong step count)",
+        path=folder,
+    )
 
 
 def _loop(

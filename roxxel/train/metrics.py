@@ -13,7 +13,8 @@ Files in the log folder:
 
 - ``metrics.jsonl``: one JSON object per line, ``{"step": 10, "loss": 2.3, "time": ...}``
   for metrics and ``{"event": "preempted", "step": 40, ...}`` for events. Written by
-  process 0 only (``is_main``); appended to on resume.
+  process 0 only (``is_main``); appended to on resume, after cutting a torn last line (a
+  process killed mid-write) back to the last complete one, so every line parses.
 - ``crash-p<process>.log``: the traceback of a crash, written by every process.
 """
 
@@ -35,7 +36,7 @@ import numpy as np
 
 from roxxel.errors import ConfigError
 
-__all__ = ["MetricsLogger", "format_progress", "split_step_output"]
+__all__ = ["MetricsLogger", "format_progress", "last_metrics", "split_step_output"]
 
 _STOP = object()
 
@@ -115,6 +116,58 @@ def _short(value: Any) -> str:
     return str(value)
 
 
+_TAIL_BYTES = 1 << 16
+
+
+def _cut_torn_line(path: Path) -> int:
+    """Truncates `path` after its last newline; returns the bytes dropped (0: none, no file).
+
+    Reads only the tail: a torn line is at most one record long.
+    """
+    try:
+        f = open(path, "r+b")  # noqa: SIM115 -- closed below
+    except FileNotFoundError:
+        return 0
+    with f:
+        size = f.seek(0, os.SEEK_END)
+        end = size
+        while end > 0:
+            start = max(0, end - _TAIL_BYTES)
+            f.seek(start)
+            newline = f.read(end - start).rfind(b"\n")
+            if newline >= 0:
+                end = start + newline + 1
+                break
+            end = start
+        if end < size:
+            f.truncate(end)
+        return size - end
+
+
+def last_metrics(path: str | os.PathLike[str]) -> tuple[int, dict[str, float]] | None:
+    """The step and metrics of the last metrics record in a ``metrics.jsonl``, or None.
+
+    Reads the file from the end; events and unreadable lines are passed over.
+    """
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - _TAIL_BYTES))
+            tail = f.read()
+    except FileNotFoundError:
+        return None
+    for line in reversed(tail.splitlines()):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a torn or partial first line of the tail
+        if isinstance(record, dict) and "event" not in record and "step" in record:
+            step = record.pop("step")
+            record.pop("time", None)
+            return step, record
+    return None
+
+
 class MetricsLogger:
     """Writes metrics and events from a background thread; flushes everything on a crash.
 
@@ -148,19 +201,27 @@ class MetricsLogger:
         self._closed = False
         self._crashed: BaseException | None = None
         # Opened here, so a bad path raises in the caller rather than killing the thread.
+        num_torn = _cut_torn_line(self.path) if self.is_main else 0
         file = open(self.path, "a", encoding="utf-8") if self.is_main else None  # noqa: SIM115
         self._thread = threading.Thread(
             target=self._run, args=(file,), name="roxxel-metrics", daemon=True
         )
         self._thread.start()
+        if num_torn:
+            message = (
+                f"roxxel: {self.path} ended with a torn line ({num_torn} bytes, "
+                "a process killed mid-write); dropped it before appending"
+            )
+            self.event("repaired", None, message, num_bytes=num_torn)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Queues the metrics of `step` (plain Python numbers) for the file and console."""
         self._put({"step": int(step), **metrics, "time": time.time()})
 
-    def event(self, name: str, step: int, message: str = "", **fields: Any) -> None:
+    def event(self, name: str, step: int | None, message: str = "", **fields: Any) -> None:
         """Queues an event record; `message`, if given, is also printed on the console."""
-        record = {"event": name, "step": int(step), **fields, "time": time.time()}
+        at = None if step is None else int(step)
+        record = {"event": name, "step": at, **fields, "time": time.time()}
         if message:
             record["message"] = message
         self._put(record)

@@ -269,3 +269,17 @@ def test_a_failing_block_is_reported(tmp_path: Path) -> None:
     assert [f.split(":")[1].split()[0] for f in failures] == ["5", "8", "11", "14", "17"]
     assert "planted" in failures[0] and "exit 1" in failures[1]
     assert "needs a language" in failures[2] and "says why" in failures[3]
+
+
+def test_issue13_item5_the_fit_block_run_again_says_the_run_is_complete(tmp_path, capsys) -> None:
+    """training.md: "Run it again with the same out_dir and it continues"; a finished run
+    run again trains nothing and still reports its status, step and loss."""
+    _points(tmp_path)
+    (fit_block, *_) = blocks((ROOT / "docs" / "training.md").read_text())
+    for _ in range(2):
+        namespace = {"__name__": "__doc__", **_given_training(tmp_path)}
+        _run_python(fit_block, tmp_path, namespace)
+        result = namespace["result"]
+        assert (result.status, result.step) == ("completed", 100)
+        assert np.isfinite(result.metrics["loss"])
+    assert "complete" in capsys.readouterr().out

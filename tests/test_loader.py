@@ -309,7 +309,7 @@ def test_bad_options_raise_config_error(dataset):
     with pytest.raises(ConfigError):
         Loader(dataset, 4, seed=-1, config=_config())
     with pytest.raises(ConfigError):
-        Loader(dataset, 4, config=LoaderConfig())  # tokens is variable: needs max_len
+        Loader(dataset, 4, config=LoaderConfig(max_len={"tokens": 0}))  # max_len >= 1
     with pytest.raises(ConfigError, match="device_transform"):
         Loader(dataset, 4, config=_config(device_transform=lambda b, k: b))
     for bad in ({"prefetch": 0}, {"num_epochs": 0}, {"final_batch": "keep"}, {"readahead": -1}):

@@ -195,9 +195,13 @@ def test_records_pad_variable_fields_to_max_len_with_lengths(corpus):
     records.advise(indices)  # a hint only: must not raise or change anything
 
 
-def test_records_need_max_len_for_variable_fields(corpus):
-    with pytest.raises(ConfigError, match="max_len"):
-        Records(corpus[0], fields=["tokens"])
+def test_records_pad_variable_fields_to_their_longest_record_unless_max_len_says(corpus):
+    ds, docs = corpus
+    longest = max(len(d) for d in docs)
+    assert Records(ds, fields=["tokens"]).layout["tokens"] == ((longest,), np.dtype(np.int32))
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ConfigError, match="max_len"):
+            Records(ds, fields=["tokens"], max_len={"tokens": bad})
     assert Records(corpus[0], fields=["label", "image"]).layout["image"] == (
         (2, 3),
         np.dtype(np.uint8),

@@ -14,21 +14,28 @@ from __future__ import annotations
 import dataclasses
 import resource
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sized
 from typing import Any, Literal
 
 import jax
 import numpy as np
+from jax.sharding import Mesh, PartitionSpec, Sharding
 
-from roxxel.errors import ConfigError, StateError
+from roxxel.errors import ConfigError, RoxxelError, StateError, check_int
 from roxxel.loader import placement as device
 from roxxel.loader.host import BufferPool, Prefetcher, RowSpec
-from roxxel.loader.steps import Pick, StepPicker, picker_for
+from roxxel.loader.peek import Decode, PeekRow, peek_step
+from roxxel.loader.steps import Pick, SinglePicker, StepPicker, picker_for
+from roxxel.protocols import MixtureLike
+from roxxel.sampling.mixture import Mixture
 from roxxel.sources.records import fingerprint_of
+from roxxel.sources.windows import TokenWindows
 
 __all__ = ["Loader", "LoaderConfig", "host_rng"]
 
 STATE_VERSION = 1
+MAX_POSITION = 1 << 62  # step * batch_size stays below: int64 position arithmetic is exact
+STATE_KEYS = frozenset({"version", "step", "seed", "fingerprint"})
 Batch = dict[str, Any]
 
 
@@ -42,8 +49,12 @@ class LoaderConfig:
         final_batch: "drop" a final partial batch, or "pad" it with zero rows and add a
             bool ``"valid"`` field (B,) that is False on padding.
         fields: the dataset fields to read (records sources; None = all).
-        max_len: padded length of each variable-length field of a records source.
-        provenance: add ``"source"`` (int32) and ``"record"`` (int64) per row; -1 on padding.
+        max_len: padded length of each variable-length field of a records source; a field
+            left out is padded to its longest record in the dataset.
+        provenance: add ``"source"`` (int32) and ``"record"`` per row; -1 on padding.
+            ``"record"`` is int64 in numpy batches and, placed on devices, int32 unless
+            ``jax_enable_x64`` is on (JAX's default has no 64-bit ints): with a sharding and
+            32-bit ints, a source of more than 2**31 items is a ConfigError, never a wrap.
         prefetch: batches assembled and placed ahead of the consumer (>= 1).
         readahead: steps ahead whose pages get ``madvise(WILLNEED)`` while reads miss the
             page cache (the pipeline thread saw major page faults lately); 0 = never.
@@ -52,6 +63,9 @@ class LoaderConfig:
             process's rows only.
         device_transform: ``fn(batch, key) -> batch``, jitted, applied after placement;
             ``key`` is ``jax.random.fold_in(jax.random.key(seed), step)``.
+        max_batch_bytes: the most host bytes one global batch may take (its rows times the
+            bytes of a row, plus 16 bytes of bookkeeping a row), checked when the loader is
+            built, before anything is allocated; default 4 GiB. Raise it for larger batches.
 
     Raises:
         ConfigError: on construction, for a value outside the ranges above.
@@ -66,6 +80,7 @@ class LoaderConfig:
     readahead: int = 2
     host_transform: Callable[[Batch, np.random.Generator], Batch] | None = None
     device_transform: Callable[[Batch, Any], Batch] | None = None
+    max_batch_bytes: int = 1 << 32
 
     def __post_init__(self) -> None:
         if self.num_epochs is not None and (not _is_int(self.num_epochs) or self.num_epochs < 1):
@@ -76,6 +91,7 @@ class LoaderConfig:
             _bad("prefetch", self.prefetch, "an int >= 1")
         if not _is_int(self.readahead) or self.readahead < 0:
             _bad("readahead", self.readahead, "an int >= 0")
+        check_int("loader: max_batch_bytes", self.max_batch_bytes, 1)
         if self.fields is not None:
             object.__setattr__(self, "fields", tuple(self.fields))
 
@@ -104,21 +120,34 @@ class Loader:
     Args:
         source: a `Dataset` (its records), `Records`, `TokenWindows`, a `Mixture`, or any
             object with the source protocol of `roxxel.sources.records`.
-        batch_size: the global batch size (a Mixture: None, or its size at step 0).
+        batch_size: the global batch size (a Mixture has its own: None, or the same).
         sharding: a `jax.sharding.Sharding` for every field (fitted to each field's rank),
-            ``{field: Sharding}``, or ``(mesh, spec)`` for `device.batch_sharding`.
-        seed: keys the shuffle and the transforms' randomness (0 <= seed < 2**64); a
-            Mixture orders its positions with its own seed and shuffle option.
+            ``{field: Sharding}``, or ``(mesh, spec)`` for `device.batch_sharding`; a bare
+            `PartitionSpec` inside ``with jax.sharding.set_mesh(mesh):`` means
+            ``(mesh, spec)``. The batch arrays carry the mesh's axis types: on a mesh with
+            Explicit axes (`jax.make_mesh`'s default in recent JAX) the sharding is part of
+            each array's type and the step must be written for explicit sharding; make
+            the mesh with ``axis_types=(jax.sharding.AxisType.Auto,)`` for a classic step.
+        seed: keys the shuffle and the transforms' randomness (0 <= seed < 2**64). None
+            (the default): a Mixture's own seed (it orders the data), else 0. A Mixture
+            takes no other seed: set it with ``Mixture(seed=...)``.
         shuffle: a fresh keyed permutation per epoch; False reads in dataset order.
-        start_step: the first step to yield (O(1), whatever its value).
-        config: every other option (`LoaderConfig`).
+        start_step: the first step to yield (O(1), whatever its value; ``step *
+            batch_size`` below 2**62).
+        config: every other option (`LoaderConfig`); a Dataset's variable-length and str
+            fields are padded to their longest record unless ``config.max_len`` says.
+
+    ``len(loader)`` is the number of steps of a finite single source (`num_steps`); an
+    infinite loader (``num_epochs=None`` or a Mixture) has no length (TypeError).
 
     Thread-safety: one consumer thread. `close` (also on `with` exit, garbage collection,
     and when a ``for`` loop over the loader ends or breaks) joins the pipeline thread; an
     exception there is raised by the next ``next()`` with its traceback.
 
     Raises:
-        ConfigError: a bad option, or a batch size the sharding cannot split.
+        ConfigError: a bad option, a batch size the sharding cannot split, a loader that
+            would yield no step, a batch over ``max_batch_bytes``, or a start step past
+            the position bound.
     """
 
     _prefetcher: Prefetcher | None = None  # also when __init__ raised before setting it
@@ -129,20 +158,19 @@ class Loader:
         batch_size: int | None = None,
         *,
         sharding: Any = None,
-        seed: int = 0,
+        seed: int | None = None,
         shuffle: bool = True,
         start_step: int = 0,
         config: LoaderConfig | None = None,
     ) -> None:
         self.config = config if config is not None else LoaderConfig()
-        if not _is_int(seed) or not 0 <= seed < 1 << 64:
-            _bad("seed", seed, "an int in [0, 2**64)")
-        if not _is_int(start_step) or start_step < 0:
-            _bad("start_step", start_step, "an int >= 0")
-        self._seed, self._step = int(seed), int(start_step)
+        self._source = source
+        self._seed = _governing_seed(source, seed)
+        self._step = check_int("loader: start_step", start_step, 0)
         self._picker: StepPicker = picker_for(
             source, batch_size, self.config, seed=self._seed, shuffle=shuffle
         )
+        _check_step(self._picker, self._step, "loader: start_step", ConfigError)
         self._sharding = _resolve_sharding(sharding)
         if self._sharding is None and self.config.device_transform is not None:
             _bad(
@@ -150,16 +178,18 @@ class Loader:
                 self.config.device_transform,
                 "a sharding to place batches first",
             )
+        _check_sizes(self._picker, self._step, self.config)  # before anything is allocated
+        _check_yields(self._picker, source)
+        if self._sharding is not None and self.config.provenance:
+            _check_provenance(self._picker, source)
         self._assembler = _Assembler(self._picker, self._sharding, self.config, self._seed)
         for step in self._picker.shape_steps(self._step):  # every phase's shape, up front
             self._assembler.check(step)
+        order, options = self._picker.fingerprint_json(), self.config.order_json()
         self._fingerprint = fingerprint_of(
-            {
-                "version": STATE_VERSION,
-                "order": self._picker.fingerprint_json(),
-                "config": self.config.order_json(),
-            }
+            {"version": STATE_VERSION, "order": order, "config": options}
         )
+        self._description = _describe(source, order, options)
         self._prefetcher: Prefetcher | None = None
         self._closed = False
 
@@ -173,25 +203,77 @@ class Loader:
         """Steps until the end of a finite single source; None when unbounded or a Mixture."""
         return self._picker.num_steps()
 
+    def __len__(self) -> int:
+        """The number of steps of a finite single source (`num_steps`).
+
+        Raises:
+            TypeError: the loader is infinite (``num_epochs=None``) or reads a Mixture.
+        """
+        num_steps = self.num_steps
+        if num_steps is None:
+            raise TypeError(
+                "loader: no length (an infinite loader, expected a finite single source: "
+                "num_epochs=None repeats forever, and a Mixture ends where its schedule and "
+                "caps say; use mixture.end_step)"
+            )
+        return num_steps
+
+    def __bool__(self) -> bool:
+        return True  # a loader is truthy even when it has no length
+
+    def __repr__(self) -> str:
+        batch_size = self._picker.batch_size_at(self._step)
+        sharding = "None" if self._sharding is None else type(self._sharding).__name__
+        return (
+            f"Loader({self._source!r}, batch_size={batch_size}, seed={self._seed}, "
+            f"step={self._step}, num_steps={self.num_steps}, sharding={sharding})"
+        )
+
     def state(self) -> dict[str, Any]:
-        """Where the loader is: ``{"version", "step", "seed", "fingerprint"}`` (JSON-able)."""
+        """Where the loader is (JSON-able): ``{"version", "step", "seed", "fingerprint",
+        "config"}``, where ``config`` describes in words what the fingerprint digests
+        (so a refused restore can name what differs)."""
         return {
             "version": STATE_VERSION,
             "step": self._step,
             "seed": self._seed,
             "fingerprint": self._fingerprint,
+            "config": self._description,
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
         """Continue from `state` (from `state()`): O(1), whatever its step.
 
         Raises:
-            StateError: the state is malformed or belongs to another seed, configuration or
-                source; the loader is left unchanged.
+            StateError: the state is malformed (a value that is not an int where one is
+                due), belongs to another seed, configuration or source (the message names
+                the fields that differ), or its step is past the position bound; the
+                loader is left unchanged. A state without ``config`` (before 0.2) restores.
         """
-        step = _check_state(state, self._seed, self._fingerprint)
+        legacy_seed = 0 if isinstance(self._source, Mixture) else None  # the old default
+        step = _check_state(state, (self._seed, legacy_seed), self._fingerprint, self._description)
+        _check_step(self._picker, step, "loader.restore: step", StateError)
         self._stop_pipeline()
         self._step = step
+
+    def peek(
+        self,
+        step: int,
+        rows: int | None = None,
+        *,
+        field: str | None = None,
+        decode: Decode | None = None,
+    ) -> list[PeekRow]:
+        """What `step` reads, row by row (the first `rows`, or all): per row a dict of
+        ``row``, ``source``, ``record``, ``length``, ``field``, ``values``, ``text``.
+
+        The same rows the loader yields at `step` (before transforms); the loader's position
+        does not move. See `roxxel.loader.peek.peek_step` (`decode`: token ids -> text).
+
+        Raises:
+            ConfigError: a negative step, ``rows`` < 1, or a field the batch does not have.
+        """
+        return peek_step(self._picker, step, rows, field=field, decode=decode)
 
     def __iter__(self) -> Iterator[Batch]:
         try:
@@ -274,6 +356,8 @@ class _Assembler:
         return rows
 
     def __call__(self, step: int) -> Batch | None:
+        if _past_bound(self._picker, step):  # the stream ends where positions would wrap
+            return None
         batch_size = self._picker.batch_size_at(step)
         rows = self.check(step)
         pick = self._picker.pick(step, rows)
@@ -339,6 +423,8 @@ class _Assembler:
         if self._advised < step:
             self._picker.advise(pick)
         for target in range(max(step + 1, self._advised + 1), step + ahead + 1):
+            if _past_bound(self._picker, target):
+                break
             later = self._picker.pick(target, self.check(target))
             if later is None:
                 break
@@ -366,31 +452,175 @@ def _extras(config: LoaderConfig) -> dict[str, tuple[tuple[int, ...], np.dtype]]
     return extras
 
 
-def _resolve_sharding(sharding: Any) -> Any:
-    if isinstance(sharding, tuple) and len(sharding) == 2:
-        return device.batch_sharding(*sharding)
-    return sharding
+def _governing_seed(source: Any, seed: object) -> int:
+    """The one seed that orders the data: a Mixture's own, else the loader's (default 0)."""
+    if isinstance(source, Mixture):
+        if seed is not None and seed != source.seed:
+            raise ConfigError(
+                f"loader: seed for a Mixture ({seed!r}, expected None or the mixture's own "
+                f"seed {source.seed}: the mixture orders the data, so set its seed with "
+                "Mixture(seed=...))"
+            )
+        return source.seed
+    return 0 if seed is None else check_int("loader: seed", seed, 0, (1 << 64) - 1)
 
 
-def _check_state(state: Any, seed: int, fingerprint: str) -> int:
-    where = "loader.restore"
-    if not isinstance(state, Mapping) or set(state) != {"version", "step", "seed", "fingerprint"}:
-        found = sorted(state) if isinstance(state, Mapping) else type(state).__name__
-        raise StateError(
-            f"{where}: malformed state ({found}, expected keys fingerprint, seed, step, version)"
+def _check_step(picker: StepPicker, step: int, where: str, error: type[RoxxelError]) -> None:
+    """Refuse a step whose positions (step * batch size) reach 2**62."""
+    batch_size = max(picker.batch_size_at(s) for s in picker.shape_steps(step))
+    limit = (MAX_POSITION - 1) // batch_size
+    if step > limit:
+        raise error(
+            f"{where}: past the position bound ({step}, expected step * batch_size < 2**62: "
+            f"a step <= {limit} at batch size {batch_size})"
         )
-    if state["version"] != STATE_VERSION:
-        raise StateError(f"{where}: state version ({state['version']!r}, expected {STATE_VERSION})")
-    if not _is_int(state["step"]) or state["step"] < 0:
-        raise StateError(f"{where}: step ({state['step']!r}, expected an int >= 0)")
-    if state["seed"] != seed:
-        raise StateError(f"{where}: state of another seed ({state['seed']!r}, expected {seed})")
+
+
+def _past_bound(picker: StepPicker, step: int) -> bool:
+    return step * picker.batch_size_at(step) >= MAX_POSITION
+
+
+_ROW_BOOKKEEPING_BYTES = 16  # a row's record (int64) and row index (int64) in the order
+
+
+def _check_sizes(picker: StepPicker, step: int, config: LoaderConfig) -> None:
+    """Refuse a global batch of more than ``config.max_batch_bytes`` host bytes, in any
+    phase from `step` on, before anything is allocated."""
+    extras = _extras(config)
+    for first in picker.shape_steps(step):
+        batch_size = picker.batch_size_at(first)
+        row_bytes = picker.row_spec_at(first, extras).row_bytes + _ROW_BOOKKEEPING_BYTES
+        if batch_size * row_bytes > config.max_batch_bytes:
+            raise ConfigError(
+                f"loader: batch over max_batch_bytes ({batch_size} rows of {row_bytes} bytes "
+                f"at step {first}, expected at most {config.max_batch_bytes} bytes: a smaller "
+                "batch_size or max_len, or LoaderConfig(max_batch_bytes=...))"
+            )
+
+
+def _check_yields(picker: StepPicker, source: Any) -> None:
+    """Refuse a loader that would yield no step at all, saying why."""
+    if picker.num_steps() != 0 or not isinstance(picker, SinglePicker):
+        return
+    if isinstance(source, TokenWindows) and len(source) == 0:
+        why = (
+            f"{source!r} has no window: its stream has {source.num_elements} tokens, fewer "
+            f"than one window of {source.width}"
+        )
+        rule = "a seq_len shorter than the token stream"
+    else:
+        epochs = "forever" if picker.num_epochs is None else f"x {picker.num_epochs} epochs"
+        why = (
+            f"{picker.num_items} items {epochs}, fewer than one batch of {picker.batch_size} "
+            "with final_batch='drop'"
+        )
+        rule = "at least one batch: a smaller batch_size, more num_epochs or final_batch='pad'"
+    raise ConfigError(f"loader: no step to yield ({why}, expected {rule})")
+
+
+def _check_provenance(picker: StepPicker, source: Any) -> None:
+    """Refuse provenance records that 32-bit device ints cannot hold (JAX's default)."""
+    if jax.config.read("jax_enable_x64"):
+        return
+    if isinstance(picker, SinglePicker):
+        sizes = [picker.num_items]
+    elif isinstance(source, MixtureLike):
+        spaces = [space.source for p in range(len(source.phases)) for space in source.spaces(p)]
+        sizes = [len(space) for space in spaces if isinstance(space, Sized)]
+    else:
+        sizes = []
+    largest = max(sizes, default=0)
+    if largest > np.iinfo(np.int32).max + 1:
+        raise ConfigError(
+            f"loader: provenance records past int32 on the devices (a source of {largest} "
+            "items, expected at most 2**31 with JAX's 32-bit ints: enable "
+            "jax.config.update('jax_enable_x64', True), or read provenance without a sharding)"
+        )
+
+
+def _describe(source: Any, order: Mapping[str, Any], options: Mapping[str, Any]) -> dict:
+    """What the fingerprint digests, in words (JSON-able): kept in the state beside it."""
+    described = {**order, **options}
+    if isinstance(source, Mixture):
+        described |= {
+            "names": list(source.names),
+            "sizes": [int(n) for n in source.sizes],
+            "seed": source.seed,
+            "shuffle": source.shuffle,
+            "on_exhausted": source.on_exhausted,
+            "num_phases": len(source.phases),
+        }
+    return described
+
+
+def _resolve_sharding(sharding: Any) -> Any:
+    """A Sharding, ``{field: Sharding}`` or None from what the user gave, or a ConfigError
+    that says what to pass."""
+    if sharding is None or isinstance(sharding, Sharding):
+        return sharding
+    if isinstance(sharding, tuple) and len(sharding) == 2 and isinstance(sharding[0], Mesh):
+        return device.batch_sharding(*sharding)
+    if isinstance(sharding, Mapping) and all(isinstance(v, Sharding) for v in sharding.values()):
+        return dict(sharding)
+    hint = ""
+    if isinstance(sharding, PartitionSpec):
+        mesh = _context_mesh()
+        if mesh is not None:
+            return device.batch_sharding(mesh, sharding)
+        hint = "; a bare PartitionSpec needs `with jax.sharding.set_mesh(mesh):` around the Loader"
+    elif isinstance(sharding, Mesh):
+        hint = "; for a Mesh, pass (mesh, PartitionSpec('data'))"
+    raise ConfigError(
+        f"loader: sharding ({sharding!r}, expected a jax.sharding.Sharding for every field, "
+        f"(mesh, spec) such as (mesh, PartitionSpec('data')), or {{field: Sharding}}{hint})"
+    )
+
+
+def _context_mesh() -> Mesh | None:
+    """The mesh of an enclosing ``jax.sharding.set_mesh``, if this JAX has one."""
+    get_mesh = getattr(jax.sharding, "get_mesh", None)  # JAX < 0.6 has no mesh context
+    mesh = None if get_mesh is None else get_mesh()
+    return mesh if isinstance(mesh, Mesh) and not mesh.empty else None
+
+
+def _check_state(
+    state: Any, seeds: tuple[int, int | None], fingerprint: str, description: Mapping[str, Any]
+) -> int:
+    """The step of `state` once it proves to be a state of this loader. ``seeds``: this
+    loader's seed, and the seed an older state (without ``config``) may carry instead."""
+    where = "loader.restore"
+    if not isinstance(state, Mapping) or set(state) not in (STATE_KEYS, STATE_KEYS | {"config"}):
+        found = sorted(map(str, state)) if isinstance(state, Mapping) else type(state).__name__
+        raise StateError(
+            f"{where}: malformed state ({found}, expected keys config (optional), fingerprint,"
+            " seed, step, version)"
+        )
+    version = check_int(f"{where}: version", state["version"], error=StateError)
+    if version != STATE_VERSION:
+        raise StateError(f"{where}: state version ({version}, expected {STATE_VERSION})")
+    step = check_int(f"{where}: step", state["step"], 0, error=StateError)
+    seed = check_int(f"{where}: seed", state["seed"], 0, error=StateError)
     if state["fingerprint"] != fingerprint:
+        differs = _differences(state.get("config"), description)
         raise StateError(
             f"{where}: state of another configuration or dataset (fingerprint "
-            f"{state['fingerprint']!r}, expected {fingerprint!r})"
+            f"{state['fingerprint']!r}{differs}, expected {fingerprint!r})"
         )
-    return int(state["step"])
+    own, legacy = seeds
+    if seed != own and not (seed == legacy and "config" not in state):
+        raise StateError(f"{where}: state of another seed ({seed}, expected {own})")
+    return step
+
+
+def _differences(saved: object, now: Mapping[str, Any]) -> str:
+    """``"; differs in a (old, now new), ..."`` between two descriptions; "" without one."""
+    if not isinstance(saved, Mapping):
+        return ""
+    keys = sorted(set(map(str, saved)) | set(now))
+    parts = [
+        f"{k} ({saved.get(k)!r}, now {now.get(k)!r})" for k in keys if saved.get(k) != now.get(k)
+    ]
+    return f"; differs in {', '.join(parts)}" if parts else ""
 
 
 def _is_int(value: object) -> bool:

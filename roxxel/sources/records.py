@@ -13,18 +13,20 @@ per-batch state, so one pipeline thread can read them while another builds the o
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeGuard
 
 import numpy as np
 
-from roxxel.errors import ConfigError
+from roxxel.errors import ConfigError, check_int
 from roxxel.format.dataset import Dataset
 from roxxel.protocols import RowSource, Source
 from roxxel.sources.windows import (
     RowFields,
     TokenWindows,
     check_rows,
+    dataset_of,
     fingerprint_of,
     merge_ranges,
 )
@@ -55,11 +57,16 @@ class Records:
 
     Fixed-shape fields come out as ``(B, *shape)``. A variable field is padded with zeros to
     ``max_len[name]`` along its leading dimension, with ``"<name>.length"`` (int64) beside
-    it; ``bytes`` and ``str`` fields are uint8 the same way. A record longer than its
-    ``max_len`` is an error of the dataset reader, not truncated silently.
+    it; ``bytes`` and ``str`` fields are uint8 the same way (UTF-8 bytes for ``str``: the
+    text of row i is ``bytes(b[name][i, :b[name + ".length"][i]]).decode()``). A variable
+    field left out of ``max_len`` is padded to its longest record in the dataset (at least
+    1), read from the offset tables once per dataset and field (O(records), no payload
+    read). A record longer than its ``max_len`` is an error of the dataset reader, not
+    truncated silently. ``dataset`` is a `Dataset` or its path.
 
     Raises:
-        ConfigError: an unknown field, or a variable field without a positive ``max_len``.
+        ConfigError: not a dataset, an unknown field, or a ``max_len`` that is not a
+            positive int.
     """
 
     def __init__(
@@ -69,9 +76,14 @@ class Records:
         fields: Sequence[str] | None = None,
         max_len: Mapping[str, int] | None = None,
     ) -> None:
-        self.dataset = dataset
+        self.dataset = dataset = dataset_of(dataset, "views.Records")
         self.fields = dataset.schema.select(None if fields is None else list(fields))
-        self.max_len = dict(max_len or {})
+        given = dict(max_len or {})
+        self.max_len = {
+            f.name: given[f.name] if f.name in given else longest_record(dataset, f.name)
+            for f in self.fields
+            if f.is_variable
+        } | given
         self._layout = _record_layout(self.fields, self.max_len)
 
     @property
@@ -124,6 +136,32 @@ class Records:
             {"kind": "records", "dataset": self.dataset.fingerprint, "layout": layout}
         )
 
+    def __repr__(self) -> str:
+        names = [f.name for f in self.fields]
+        return (
+            f"Records({str(self.dataset.path)!r}, fields={names}, max_len={self.max_len}, "
+            f"num_records={len(self)})"
+        )
+
+
+_LONGEST: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
+
+
+def longest_record(dataset: Dataset, field: str) -> int:
+    """Elements along the variable dimension of the longest record of `field` (at least 1),
+    from every shard's offset table (the decoded sizes of a compressed field): computed
+    once per dataset and field."""
+    known = _LONGEST.setdefault(dataset, {})
+    if field not in known:
+        longest = 0
+        for k in range(dataset.num_shards):
+            column = dataset.shard(k).columns[field]
+            if column.num_records:
+                lengths = column.lengths(np.arange(column.num_records, dtype=np.int64))
+                longest = max(longest, int(lengths.max()))
+        known[field] = max(1, longest)
+    return known[field]
+
 
 def takes_rows(source: object) -> TypeGuard[RowSource]:
     """Whether ``source`` is a `RowSource` (its ``read`` takes ``rows=``): the built-in
@@ -141,12 +179,7 @@ def _record_layout(fields: Sequence[Any], max_len: Mapping[str, int]) -> RowFiel
         if not field.is_variable:
             layout[field.name] = (tuple(field.shape), field.dtype)
             continue
-        length = max_len.get(field.name)
-        if not isinstance(length, int) or length < 1:
-            raise ConfigError(
-                f"views.Records: variable field {field.name!r} needs a max_len ({length!r}, "
-                "expected a positive int in max_len)"
-            )
+        length = check_int(f"views.Records: max_len[{field.name!r}]", max_len[field.name], 1)
         layout[field.name] = ((length, *field.inner_shape), field.dtype)
         layout[f"{field.name}.length"] = ((), np.dtype(np.int64))
     return layout

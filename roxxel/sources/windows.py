@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from roxxel.errors import ConfigError
+from roxxel.format.dataset import Dataset, open_dataset
 
 __all__ = [
     "RowFields",
@@ -24,6 +26,7 @@ __all__ = [
     "WindowBlend",
     "blend_of",
     "check_rows",
+    "dataset_of",
     "fingerprint_of",
     "merge_ranges",
 ]
@@ -144,9 +147,16 @@ class TokenWindows(_Stream):
     0 at the window start and at each document start, +1 per token), the Megatron
     ``reset_position_ids`` convention. Empty documents leave no trace.
 
+    ``dataset`` is a `Dataset` or the path of one (opened with `roxxel.open_dataset`).
+    ``dtype`` declares the token dtype of the windows (default: the field's own): each
+    window is cast as it is copied, so a uint16 corpus can join int32 ones in a `Mixture`
+    without a repack. Only a dtype that holds every value of the field's dtype is accepted
+    (``numpy.can_cast(..., "safe")``), so no token ever changes.
+
     Raises:
-        ConfigError: the field is not a 1-D variable-length numeric field, or seq_len/stride
-            are not positive.
+        ConfigError: an unknown field (the message lists the dataset's fields), a field that
+            is not a 1-D variable-length numeric field, seq_len/stride not positive, or a
+            dtype that cannot hold every value of the field's.
     """
 
     def __init__(
@@ -159,12 +169,15 @@ class TokenWindows(_Stream):
         document_structure: bool = False,
         stride: int | None = None,
         split_targets: bool = False,
+        dtype: Any = None,
     ) -> None:
+        dataset = dataset_of(dataset, "TokenWindows")
         self.dataset, self.field = dataset, field
         self.seq_len, self.targets, self.document_structure = seq_len, targets, document_structure
         self.stride = seq_len if stride is None else stride
         self._options: dict[str, Any] = {"targets": targets, "stride": stride}
         self._options |= {"document_structure": document_structure, "split_targets": split_targets}
+        self._options["dtype"] = dtype
         self.width = seq_len + 1 if targets else seq_len
         self.split_targets = split_targets
         if split_targets and not targets:
@@ -172,7 +185,9 @@ class TokenWindows(_Stream):
                 "views.TokenWindows: split_targets without targets (expected targets=True)"
             )
         self._doc_width = seq_len if split_targets else self.width
-        self._dtype = _check_token_field(dataset, field, seq_len, self.stride)
+        self._stored = _check_token_field(dataset, field, seq_len, self.stride)
+        self._declared = None if dtype is None else _check_cast(self._stored, dtype)
+        self._dtype = self._stored if self._declared is None else self._declared
         self._starts = np.asarray(dataset.element_starts(field), dtype=np.int64)
         self._flats: list[np.ndarray | None] = [None] * (len(self._starts) - 1)
         self._offsets: list[np.ndarray | None] = [None] * (len(self._starts) - 1)
@@ -210,11 +225,26 @@ class TokenWindows(_Stream):
     def num_elements(self) -> int:
         return int(self._starts[-1])
 
+    @property
+    def dtype(self) -> np.dtype:
+        """The dtype of the token fields of a window (declared, or the field's own)."""
+        return self._dtype
+
     def fingerprint(self) -> str:
         keys = ("field", "width", "stride", "document_structure", "split_targets")
         found = {key: getattr(self, key) for key in keys}
+        if self._declared is not None:  # only when given: earlier fingerprints stay the same
+            found["dtype"] = self._declared.str
         return fingerprint_of(
             {"kind": "token_windows", "dataset": self.dataset.fingerprint, **found}
+        )
+
+    def __repr__(self) -> str:
+        options = [f"{k}={v!r}" for k, v in self._options.items() if v and k != "dtype"]
+        return (
+            f"TokenWindows({str(self.dataset.path)!r}, {self.field!r}, seq_len={self.seq_len}"
+            f"{''.join(', ' + o for o in options)}, dtype={self._dtype.name!r}, "
+            f"num_windows={self._num_windows})"
         )
 
     def read(
@@ -243,7 +273,7 @@ class TokenWindows(_Stream):
 
     def advise(self, indices: np.ndarray) -> None:
         """Ask the kernel to read ahead the pages of these windows (advisory, never raises)."""
-        itemsize = self._dtype.itemsize
+        itemsize = self._stored.itemsize  # bytes as stored, whatever the declared dtype
         starts = self._window_starts(indices)
         shards, local, inside = self._locate(starts, self.width)
         if not inside.all():  # rare: split the windows that cross a shard into pieces
@@ -384,7 +414,43 @@ def check_rows(indices: np.ndarray, rows: np.ndarray, where: str) -> np.ndarray:
     return rows
 
 
+def dataset_of(dataset: Any, where: str) -> Dataset:
+    """`dataset` itself, or the dataset at a path (`open_dataset`).
+
+    Raises:
+        ConfigError: anything else, saying how to open one.
+    """
+    if isinstance(dataset, str | os.PathLike):
+        return open_dataset(dataset)
+    if not isinstance(dataset, Dataset):
+        raise ConfigError(
+            f"{where}: not a dataset ({type(dataset).__name__}, expected a Dataset or its path:"
+            " open it first with roxxel.open_dataset(path))"
+        )
+    return dataset
+
+
+def _check_cast(stored: np.dtype, dtype: Any) -> np.dtype:
+    try:
+        declared = np.dtype(dtype)
+    except TypeError:
+        raise ConfigError(
+            f"views.TokenWindows: dtype ({dtype!r}, expected a numpy dtype such as 'int32')"
+        ) from None
+    if not np.can_cast(stored, declared, "safe"):
+        raise ConfigError(
+            f"views.TokenWindows: dtype {declared.name} cannot hold every {stored.name} token "
+            f"({dtype!r}, expected a dtype {stored.name} casts to safely, such as int64)"
+        )
+    return declared
+
+
 def _check_token_field(dataset: Any, field: str, seq_len: int, stride: int) -> np.dtype:
+    if field not in dataset.schema:
+        raise ConfigError(
+            f"views.TokenWindows: unknown field ({field!r}, expected one of "
+            f"{list(dataset.schema.names)})"
+        )
     spec = dataset.schema[field]
     if spec.kind != "array" or tuple(spec.shape) != (None,):
         raise ConfigError(

@@ -20,6 +20,7 @@ import xxhash
 import roxxel
 from roxxel.errors import ConfigError, FormatError
 from roxxel.sampling import order
+from tests.test_docs import blocks
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
@@ -114,7 +115,9 @@ def test_golden_comparison_reports_another_hash_personalization(
     assert any("rows" in d and "step 1000000000000" in d for d in diffs)
 
 
-def test_golden_comparison_reports_a_perturbed_seed_and_a_changed_state(golden_doc) -> None:
+def test_golden_comparison_reports_a_moved_record_a_changed_state_and_a_lost_step(
+    golden_doc,
+) -> None:
     configs = json.loads(json.dumps(golden_doc["configurations"]))
     configs["records_shuffled"]["steps"]["2"]["rows"][0][1] += 1
     configs["mixture_refill"]["steps"]["1"]["state"]["fingerprint"] = "0" * 32
@@ -269,3 +272,17 @@ def test_rule_coverage_reports_a_rule_no_test_names() -> None:
     assert rules == ["R1", "Z99", "W1"]
     assert untested(rules, collect_test_names(TESTS)) == ["Z99"]
     assert untested(["S1"], {"test_s10_refill"}) == ["S1"]  # S10's test does not cover S1
+
+
+def test_format_md_json_examples_have_the_keys_the_writer_writes(tmp_path) -> None:
+    text = (ROOT / "docs" / "format.md").read_text()
+    shard_doc, manifest_doc = (json.loads(b.code) for b in blocks(text) if b.language == "json")
+    with roxxel.DatasetWriter(tmp_path / "ds", {"tokens": "int32[]"}) as w:
+        w.write({"tokens": np.arange(3, dtype=np.int32)})
+    manifest = json.loads((tmp_path / "ds" / "manifest.json").read_text())
+    data = (tmp_path / "ds" / manifest["shards"][0]["path"]).read_bytes()
+    _, _, meta_offset, meta_bytes = struct.unpack("<4Q", data[-64:-32])
+    meta = json.loads(data[meta_offset : meta_offset + meta_bytes])
+    assert set(shard_doc) == set(meta) and set(shard_doc["fields"][0]) == set(meta["fields"][0])
+    assert set(manifest_doc) == set(manifest)
+    assert set(manifest_doc["shards"][0]) == set(manifest["shards"][0])

@@ -38,7 +38,7 @@ ORDER_VERSION = 1  # raise with any change to the vectors (and bump roxxel's ver
 GOLDEN = Path(__file__).resolve().parent.parent / "tests" / "data" / "order-golden.json"
 WRITER = "0.1.0"  # the writer version the fixture shards record, whatever roxxel's is
 STEPS = (0, 1, 2, 10**6, 10**12)
-STATE_DIGESTS = ("version", "fingerprint")  # the state's fields that name the configuration
+STATE_DIGESTS = ("version", "seed", "fingerprint")  # what a restore checks
 BUMP = "this changes which record lands where: bump roxxel's version and add a CHANGELOG.md line"
 
 

@@ -14,7 +14,6 @@ import roxxel
 from roxxel.cli import main
 from roxxel.cli.plan import open_plan_source
 from roxxel.errors import ConfigError
-from roxxel.sampling.from_toml import load_mixture
 
 MAX_LEN = {"tokens": 16, "text": 32}
 
@@ -89,7 +88,7 @@ def test_issue13_item11_peek_agrees_with_the_loader_on_a_dataset(tmp_path):
 
 
 def test_issue13_item11_peek_agrees_with_the_loader_on_a_toml_mixture(tmp_path):
-    mixture = load_mixture(_mixture_dir(tmp_path), open_plan_source)
+    mixture = roxxel.Mixture.from_toml(_mixture_dir(tmp_path), open_plan_source)
     looked = roxxel.Loader(mixture, config=_provenance())
     with roxxel.Loader(mixture, config=_provenance()) as loader:
         batches = [next(loader) for _ in range(9)]  # across the phase boundary at step 5
@@ -169,7 +168,7 @@ def test_issue13_item11_cli_peek_prints_source_record_length_and_text(tmp_path, 
 def test_issue13_item11_cli_peek_of_a_mixture_toml(tmp_path, capsys):
     toml = _mixture_dir(tmp_path)
     rows = _peek_json(capsys, toml, "--step", 6)
-    mixture = load_mixture(toml, open_plan_source)
+    mixture = roxxel.Mixture.from_toml(toml, open_plan_source)
     expected = roxxel.Loader(mixture, config=_provenance()).peek(6)
     assert [(r["source"], r["record"]) for r in rows] == [
         (r["source"], r["record"]) for r in expected

@@ -22,7 +22,6 @@ from roxxel.cli.args import UsageError
 from roxxel.cli.plan import open_plan_source
 from roxxel.errors import ConfigError
 from roxxel.format.dataset import Dataset, open_dataset
-from roxxel.sampling.from_toml import load_mixture
 from roxxel.sampling.mixture import Mixture
 from roxxel.sources.records import Records, TokenWindows
 
@@ -94,7 +93,7 @@ def _open(args: argparse.Namespace) -> tuple[Any, list[Dataset]]:
     if Path(args.source).is_file():  # a mixture TOML
         if args.seq_len is not None:
             raise UsageError("--seq-len is for a dataset (a mixture's sources set seq_len)")
-        mixture = load_mixture(args.source, open_plan_source)
+        mixture = Mixture.from_toml(args.source, open_plan_source)
         return mixture, _datasets(mixture)
     dataset = open_dataset(args.source)
     if args.batch_size is None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from roxxel.errors import ConfigError
 from roxxel.format.dataset import open_dataset
-from roxxel.sampling.from_toml import load_mixture
+from roxxel.sampling.mixture import Mixture
 from roxxel.sampling.report import plan_report, plot_shares
 from roxxel.sources.records import TokenWindows
 
@@ -68,7 +68,7 @@ def open_plan_source(name: str, spec: Mapping[str, Any]) -> Any:
 def cmd_plan(args: argparse.Namespace) -> int:
     if args.plot:
         _check_plot_extra()  # before the work, not after the report
-    mixture = load_mixture(args.mixture, open_plan_source)
+    mixture = Mixture.from_toml(args.mixture, open_plan_source)
     print(plan_report(mixture, args.steps))
     if args.plot:
         print(f"shares drawn to {plot_shares(mixture, args.plot, args.steps)}")

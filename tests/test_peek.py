@@ -104,6 +104,20 @@ def test_issue13_item11_peek_agrees_with_the_loader_on_a_toml_mixture(tmp_path):
     assert sources == {"web", "code"}
 
 
+def test_issue13_item11_peek_while_iterating_changes_nothing(tmp_path):
+    ds = roxxel.open_dataset(_dataset(tmp_path / "ds"))
+    config = _provenance(max_len=MAX_LEN, num_epochs=None, prefetch=3)
+    with roxxel.Loader(ds, 4, seed=2, config=config) as plain:
+        expected = [next(plain)["record"].tolist() for _ in range(15)]
+    got, peeked = [], []
+    with roxxel.Loader(ds, 4, seed=2, config=config) as loader:
+        for step in range(12):  # the pipeline thread runs ahead while peek reads
+            peeked.append([row["record"] for row in loader.peek(step + 3)])
+            got.append(next(loader)["record"].tolist())
+        assert loader.step == 12
+    assert got == expected[:12] and peeked == expected[3:15]
+
+
 def test_issue13_item11_peek_rows_are_the_leading_rows_of_the_step(tmp_path):
     ds = roxxel.open_dataset(_dataset(tmp_path / "ds"))
     loader = roxxel.Loader(ds, 8, seed=1, config=_provenance(max_len=MAX_LEN))

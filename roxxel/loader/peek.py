@@ -44,7 +44,8 @@ def peek_step(
     field: str | None = None,
     decode: Decode | None = None,
 ) -> list[PeekRow]:
-    """The rows `picker` fills at `step` (the first `num_rows`, or all), one dict each.
+    """The rows `picker` fills at `step` (the first `num_rows`, or all), one dict each:
+    rows of the global batch, whatever this process's devices hold.
 
     Padding rows (past the end of a finite stream) are left out; a step past the end
     gives ``[]``. `field` defaults to the first variable-length field, else the first one.

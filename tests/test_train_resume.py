@@ -115,6 +115,13 @@ def test_issue12_item8_a_loader_that_restores_elsewhere_is_refused(tmp_path: Pat
         fit(step_fn, init_state(), Off(), config=config(tmp_path, num_steps=8))
 
 
+def test_issue12_item8_a_fresh_run_with_a_loader_past_step_0_is_refused(tmp_path: Path) -> None:
+    loader = FakeLoader()
+    loader.restore({"step": 3})  # e.g. Loader(..., start_step=3): fit would count from 0
+    with pytest.raises(StateError, match=r"loader is at step 3 .*\(3, expected 0"):
+        fit(step_fn, init_state(), loader, config=config(tmp_path, num_steps=8))
+
+
 # ---- issue 12 item 19: resume after damage ----------------------------------------------
 
 

@@ -367,6 +367,8 @@ def _unshare(state: Any) -> Any:
 
 
 def _resume(run: _Run, state: Any) -> Any:
+    """Restores the newest intact checkpoint into `state` and the loader, or checks a fresh
+    start; returns the state to train (leaves that occur twice copied)."""
     latest = run.checkpointer.latest_step()
     if latest is not None and not run.config.resume:
         raise StateError(
@@ -375,21 +377,33 @@ def _resume(run: _Run, state: Any) -> Any:
         )
     restored = run.checkpointer.restore_newest(state) if latest is not None else None
     if restored is not None:
-        for skipped in restored.skipped:
-            message = (
-                f"roxxel: skipped damaged checkpoint {skipped.step} ({skipped.reason}); "
-                f"moved it to {skipped.moved_to}"
-            )
-            run.logger.event("skipped_checkpoint", skipped.step, message, reason=skipped.reason)
-        _check_loader_step(run, restored, restored.loader_state.get("step"), "saved with")
-        run.loader.restore(restored.loader_state)
-        _check_loader_step(run, restored, run.loader.state().get("step"), "restored at")
-        run.step, state = restored.step, restored.state
-        run.saved.add(restored.step)
-        message = f"roxxel: resumed from checkpoint {restored.step}"
-        run.logger.event("restored", restored.step, message)
+        state = _apply(run, restored)
     run.loader_state = run.loader.state()
+    found = run.loader_state.get("step")
+    if restored is None and found != 0:
+        raise StateError(
+            f"fit: the loader is at step {found!r} but {run.checkpointer.directory} holds no "
+            f"checkpoint to resume ({found!r}, expected 0: fit counts steps from 0 and pairs "
+            "each checkpoint with the loader's step; start the loader at step 0)"
+        )
     return _unshare(state)
+
+
+def _apply(run: _Run, restored: Restored) -> Any:
+    """Logs the damaged checkpoints passed over, positions the loader; returns the state."""
+    for skipped in restored.skipped:
+        message = (
+            f"roxxel: skipped damaged checkpoint {skipped.step} ({skipped.reason}); "
+            f"moved it to {skipped.moved_to}"
+        )
+        run.logger.event("skipped_checkpoint", skipped.step, message, reason=skipped.reason)
+    _check_loader_step(run, restored, restored.loader_state.get("step"), "saved with")
+    run.loader.restore(restored.loader_state)
+    _check_loader_step(run, restored, run.loader.state().get("step"), "restored at")
+    run.step = restored.step
+    run.saved.add(restored.step)
+    run.logger.event("restored", restored.step, f"roxxel: resumed from checkpoint {run.step}")
+    return restored.state
 
 
 def _check_loader_step(run: _Run, restored: Restored, found: object, how: str) -> None:

@@ -69,23 +69,26 @@ def cmd_peek(args: argparse.Namespace) -> int:
     field = None if args.seq_len is not None else args.field
     rows = loader.peek(args.step, args.rows, field=field, decode=decode)
     if not rows:
+        end = "the end" if loader.num_steps is None else loader.num_steps
         raise ConfigError(
             f"peek: no batch at step {args.step} (past the end of the stream, expected a "
-            f"step < {loader.num_steps})"
-            if loader.num_steps is not None
-            else f"peek: no batch at step {args.step} (past the end of the stream)"
+            f"step before {end})"
         )
-    if args.json:
+    _print_rows(args.step, rows, args.json)
+    return 0
+
+
+def _print_rows(step: int, rows: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
         for row in rows:
             print(json.dumps({**row, "values": _json_values(row["values"])}))
-        return 0
-    print(f"step {args.step}: {len(rows)} rows of {rows[0]['field']!r}")
+        return
+    print(f"step {step}: {len(rows)} rows of {rows[0]['field']!r}")
     for row in rows:
         print(
             f"row {row['row']}  source {row['source']}  record {row['record']}  "
             f"length {row['length']}  {_shown(row)}"
         )
-    return 0
 
 
 def _open(args: argparse.Namespace) -> tuple[Any, list[Dataset]]:

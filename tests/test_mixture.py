@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import types
 from fractions import Fraction
 
 import numpy as np
@@ -11,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from roxxel.errors import ConfigError
+from roxxel.loader.steps import picker_for
 from roxxel.sampling.interleave import Interleave, sort_draws
 from roxxel.sampling.mixture import Cap, Mixture, Phase
 
@@ -692,3 +694,122 @@ def test_phase_lengths_a_source_cannot_take_are_config_errors() -> None:
     with pytest.raises(ConfigError, match=r"phases\[1\]\.seq_len: sources\['w'\]: no samples"):
         phases = [Phase({"w": 1}, end_step=2), Phase({"w": 1}, seq_len=200)]
         Mixture({"w": FakeWindows(100, 4)}, phases, batch_size=2)
+
+
+# ---- issue 12: bounded weights, steps, positions, batch sizes and caps --------------------
+
+
+def test_issue12_item14_weights_of_unbounded_ratio_are_refused_at_construction() -> None:
+    for weights in ({"a": 5e-324, "b": 1e308}, {"a": 1, "b": 2**53 + 1}, {"a": 1e-300, "b": 1}):
+        with pytest.raises(ConfigError, match=r"phases\[0\]\.weights: .*2\*\*53"):
+            Mixture({"a": range(5), "b": range(5)}, weights, batch_size=2)
+    fine = Mixture({"a": range(5), "b": range(5)}, {"a": 1, "b": 2**53}, batch_size=4)
+    assert fine.locate(0, 8)[0].tolist() == [1] * 8
+    tiny = Mixture({"a": range(5), "b": range(5)}, {"a": 1e-300, "b": 3e-300}, batch_size=4)
+    assert tiny.counts(8).tolist() == [2, 6]
+
+
+def test_issue12_item14_weights_whose_common_denominator_explodes_are_refused() -> None:
+    primes = [p for p in range(2, 2000) if all(p % q for q in range(2, math.isqrt(p) + 1))]
+    sources = {f"s{p}": range(3) for p in primes}
+    weights = {f"s{p}": Fraction(p + 1, p) for p in primes}  # ratio < 2, lcm ~ e**2000
+    with pytest.raises(ConfigError, match=r"weights: .*denominator"):
+        Mixture(sources, weights, batch_size=2)
+
+
+@pytest.mark.parametrize(
+    ("phases", "options"),
+    [
+        ([Phase({"a": 1}, end_step=2**63 - 1)], {}),
+        ([Phase({"a": 1}, end_step=2**62 + 1)], {}),
+        ([Phase({"a": 1}, end_step=2**61)], {}),  # 2**61 steps of 4 rows: positions past 2**62
+        ([Phase({"a": 1}, end_step=5)], {"batch_size": 2**62 + 1}),
+        ([Phase({"a": 1}, end_step=5, batch_size=2**63)], {}),
+        ([Phase({"a": 1}, seq_len=2**64)], {}),
+        ([Phase({"a": 1})], {"caps": {"a": 1e300}}),
+        ([Phase({"a": 1})], {"caps": {"a": Cap(samples=2**63)}}),
+    ],
+)
+def test_issue12_clear_errors_steps_batches_and_caps_are_bounded(phases, options) -> None:
+    kwargs = {"batch_size": 4, **options}
+    with pytest.raises(ConfigError, match=r"2\*\*62"):
+        Mixture({"a": range(5)}, phases, **kwargs)
+
+
+def test_issue12_item7_positions_and_steps_at_the_limit_are_config_errors() -> None:
+    m = Mixture({"a": range(5), "b": range(3)}, {"a": 1, "b": 1}, batch_size=4)
+    last = m.locate(2**62 - 8, 2**62)  # the last positions there are
+    assert len(last[0]) == 8 and int(last[1].min()) >= 0 and int(last[1].max()) < 5
+    for start, stop in ((2**62, 2**62 + 4), (2**63, 2**63 + 4), (2**62 - 4, 2**64)):
+        with pytest.raises(ConfigError, match=r"2\*\*62"):
+            m.locate(start, stop)
+        with pytest.raises(ConfigError, match=r"2\*\*62"):
+            m.draws(start, stop)
+    for step in (2**60 + 1, 2**62 + 1, 2**63):
+        with pytest.raises(ConfigError, match=r"2\*\*62"):
+            m.position_at(step)
+    assert m.position_at(2**60 - 1) == 2**62 - 4
+    with pytest.raises(ConfigError, match=r"2\*\*62"):
+        Mixture.continue_from(m, 2**63, {"a": 1})
+
+
+class _Ints:
+    """A loader source of ``n`` records: record i is the int i."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    @property
+    def layout(self):
+        return {"x": ((), np.dtype(np.int64))}
+
+    def __len__(self) -> int:
+        return self.n
+
+    def read(self, indices, out) -> None:
+        out["x"][: len(indices)] = indices
+
+    def advise(self, indices) -> None: ...
+
+    def fingerprint(self) -> str:
+        return f"ints{self.n}"
+
+
+@pytest.mark.parametrize("kind", ["single", "mixture"])
+def test_issue12_item7_step_pickers_refuse_steps_whose_positions_pass_the_limit(kind) -> None:
+    config = types.SimpleNamespace(fields=None, max_len=None, final_batch="pad", num_epochs=None)
+    if kind == "single":
+        picker = picker_for(_Ints(10), 8, config, seed=0, shuffle=True)
+    else:
+        mixture = Mixture({"a": _Ints(10), "b": _Ints(3)}, {"a": 1, "b": 1}, batch_size=8)
+        picker = picker_for(mixture, None, config, seed=0, shuffle=True)
+    rows, last = np.arange(8), 2**62 // 8 - 1
+    for step in (last - 1, last):  # in order: the read-ahead block stops at the limit
+        pick = picker.pick(step, rows)
+        assert pick is not None and pick.num_read == 8 and int(pick.records.max()) < 10
+    for step in (last + 1, 2**61, 2**63, 2**64):
+        with pytest.raises(ConfigError, match=r"2\*\*62"):
+            picker.pick(step, rows)
+
+
+def test_issue13_item10_mixture_and_phase_reprs_show_sources_weights_batch_and_seed() -> None:
+    sources = {"web": FakeSource(100), "code": FakeSource(10)}
+    one = Mixture(sources, {"web": 0.7, "code": 0.3}, batch_size=4, seed=7)
+    assert repr(one) == (
+        "Mixture(sources={'web': 100, 'code': 10}, weights={'web': 0.7, 'code': 0.3}, "
+        "batch_size=4, seed=7)"
+    )
+    assert repr(Phase({"web": Fraction(1, 3)}, end_step=10, seq_len=8)) == (
+        "Phase({'web': 1/3}, end_step=10, seq_len=8)"
+    )
+    phases = [Phase({"web": 1}, end_step=10), Phase({"web": 1, "code": 1}, batch_size=8)]
+    two = Mixture(sources, phases, batch_size=4, caps={"code": 1.5}, on_exhausted="refill")
+    assert repr(two) == (
+        "Mixture(sources={'web': 100, 'code': 10}, phases=[Phase({'web': 1}, end_step=10), "
+        "Phase({'web': 1, 'code': 1}, batch_size=8)], batch_size=4, seed=0, caps={'code': 15}, "
+        "on_exhausted='refill')"
+    )
+    later = Mixture.continue_from(two, 12, {"code": 1})
+    assert repr(later).endswith("on_exhausted='refill', origin_step=12)")
+    many = Mixture(sources, [Phase({"web": 1}, end_step=e) for e in (1, 2, 3, 4, 5)], batch_size=1)
+    assert ", ... 2 more]" in repr(many) and len(repr(many)) < 250

@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 
 from roxxel.errors import ConfigError
 from roxxel.sampling.order import (
+    MAX_POSITION,
+    MAX_STEP,
     KeyedPermutation,
     epoch_key,
     records_for_draws,
@@ -173,3 +175,31 @@ def test_records_for_sources_equals_records_for_draws_per_source(
         mine = sources == k
         expected = records_for_draws(size, draws[mine], seed=seed, source=names[k], shuffle=shuffle)
         assert np.array_equal(got[mine], expected)
+
+
+# ---- issue 12 item 7: draws near 2**62 and 2**63 ----------------------------------------
+
+
+def test_issue12_item7_draws_at_or_past_the_limit_are_config_errors() -> None:
+    assert MAX_POSITION == MAX_STEP == 2**62
+    for draws in ([2**62], [2**63], [2**64], np.array([2**63], np.uint64)):
+        with pytest.raises(ConfigError, match=r"2\*\*62"):
+            records_for_draws(10, draws, seed=0, source="a", shuffle=True)
+        with pytest.raises(ConfigError, match=r"2\*\*62"):
+            records_for_sources([10], [0], draws, seed=0, names=["a"], shuffle=True)
+    last = records_for_draws(10, [2**62 - 1], seed=0, source="a", shuffle=True)
+    assert 0 <= int(last[0]) < 10
+    with pytest.raises(TypeError):
+        records_for_draws(10, [0.5], seed=0, source="a", shuffle=True)
+
+
+def test_issue12_item7_records_for_sources_near_the_limit_equals_each_source_alone() -> None:
+    # epochs * num_sources passed int64 here: one-record sources near 2**62 draws
+    sizes, names = [1, 2, 3], ["a", "b", "c"]
+    draws = np.arange(2**62 - 6, 2**62, dtype=np.int64)
+    sources = np.asarray([0, 1, 2, 0, 1, 2], np.int64)
+    got = records_for_sources(sizes, sources, draws, seed=4, names=names, shuffle=True)
+    for k, size in enumerate(sizes):
+        mine = sources == k
+        want = records_for_draws(size, draws[mine], seed=4, source=names[k], shuffle=True)
+        assert got[mine].tolist() == want.tolist()

@@ -1,7 +1,8 @@
-"""Planning a mixture (roxxel.sampling.report) and building it from TOML (roxxel.sampling.from_toml)."""
+"""Planning a mixture (roxxel.sampling.report) and building it from TOML (Mixture.from_toml)."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -9,7 +10,6 @@ import numpy as np
 import pytest
 
 from roxxel.errors import ConfigError
-from roxxel.sampling.from_toml import load_mixture, mixture_from_config
 from roxxel.sampling.mixture import Cap, Mixture, Phase
 from roxxel.sampling.report import plan_report, plot_shares, share_curve
 
@@ -164,11 +164,11 @@ def opener(calls: list):
     return open_source
 
 
-def test_load_mixture_reads_sources_caps_and_phases(tmp_path: Path) -> None:
+def test_issue13_item10_mixture_from_toml_reads_sources_caps_and_phases(tmp_path: Path) -> None:
     path = tmp_path / "mixture.toml"
     path.write_text(TOML)
     calls: list = []
-    m = load_mixture(path, opener(calls))
+    m = Mixture.from_toml(path, opener(calls))
     assert m.names == ("web", "code", "math") and m.seed == 7 and m.batch_size == 4
     assert m.caps == (None, 15, 3)
     assert calls[0] == ("web", {"path": str(tmp_path / "data/web"), "field": "tokens"})
@@ -208,14 +208,14 @@ def test_bad_mixture_config_names_what_is_wrong(edit, message: str) -> None:
 
     config = edit(tomllib.loads(TOML))
     with pytest.raises(ConfigError, match=message):
-        mixture_from_config(config, opener([]), where="mix.toml")
+        Mixture.from_config(config, opener([]), where="mix.toml")
 
 
 def test_invalid_toml_is_a_config_error_naming_the_file(tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
     path.write_text("seed = = 3")
     with pytest.raises(ConfigError, match=r"bad\.toml: invalid TOML"):
-        load_mixture(path, opener([]))
+        Mixture.from_toml(path, opener([]))
 
 
 def test_toml_phase_seq_len_re_cuts_token_windows_and_the_plan_counts_their_tokens(
@@ -236,7 +236,7 @@ def test_toml_phase_seq_len_re_cuts_token_windows_and_the_plan_counts_their_toke
     def open_windows(name: str, spec: dict) -> TokenWindows:
         return TokenWindows(roxxel.open_dataset(spec["path"]), "tokens", 8, targets=False)
 
-    m = load_mixture(tmp_path / "mix.toml", open_windows)
+    m = Mixture.from_toml(tmp_path / "mix.toml", open_windows)
     assert [m.spaces(p)[0].size for p in (0, 1)] == [125, 62]  # 1000 tokens
     lines = plan_report(m).splitlines()
     # 20 windows of 8, then (1000 - 160) // 16 = 52 windows of 16: one epoch of tokens
@@ -244,3 +244,72 @@ def test_toml_phase_seq_len_re_cuts_token_windows_and_the_plan_counts_their_toke
     phase1 = lines.index("phase 1: steps [5, 18), batch 4, seq_len 16")
     assert lines[phase1 + 2].split()[2:5] == ["52", "832", f"{52 / 62:.3f}"]
     assert lines[-1] == "total tokens: web 992"
+
+
+# ---- roxxel plan: clear errors (issue 12) -------------------------------------------------
+
+PLAN_TOML = """
+batch_size = 4
+[sources.web]
+path = "web"
+field = "tokens"
+seq_len = 8
+[sources.ids]
+path = "web"
+[[phases]]
+weights = { web = 1, ids = 1 }
+end_step = 10
+[[phases]]
+weights = { web = 1 }
+"""
+
+
+@pytest.fixture(scope="module")
+def plan_dir(tmp_path_factory) -> Path:
+    import roxxel
+
+    folder = tmp_path_factory.mktemp("plan")
+    schema = roxxel.Schema.parse({"tokens": "int32[]", "label": "int64"})
+    with roxxel.DatasetWriter(folder / "web", schema) as writer:
+        for i in range(40):
+            writer.write({"tokens": np.arange(25, dtype=np.int32) + i, "label": i})
+    return folder
+
+
+def _plan(folder: Path, text: str, *args: str) -> int:
+    from roxxel.cli import main
+
+    (folder / "mix.toml").write_text(text)
+    return main(["plan", str(folder / "mix.toml"), *args])
+
+
+@pytest.mark.parametrize(
+    ("edit", "args", "message"),
+    [
+        (("end_step = 10", f"end_step = {2**63 - 1}"), (), r"2\*\*62"),
+        (("", ""), ("--steps", str(10**30)), r"num_steps: too large .*2\*\*62"),
+        (("batch_size = 4", f"batch_size = {2**62 + 1}"), ("--steps", "10"), r"2\*\*62"),
+        (("batch_size = 4", f"batch_size = {2**62}"), ("--steps", "10"), r"2\*\*62"),
+        (('path = "web"\nfield', 'path = "web"\nepochs = 1e300\nfield'), (), r"2\*\*62"),
+        (('field = "tokens"', 'field = "tokns"'), (), r"sources\.web\.field: .*label, tokens"),
+        (("seq_len = 8", 'seq_len = 8\ntargets = "no"'), (), r"sources\.web\.targets: .*bool"),
+        (("seq_len = 8", "seq_len = 8.5"), (), r"sources\.web\.seq_len: "),
+        (("seq_len = 8", "seq_len = 8\nstride = true"), (), r"sources\.web\.stride: "),
+        (("batch_size = 4", "batch_sise = 4"), (), r"unknown keys \(batch_sise, expected .*seed"),
+        (("end_step = 10", "end_step = 10.0"), (), r"phases\[0\]\.end_step: wrong type"),
+        (('path = "web"\nfield', 'path = "web"\nsamples = "3"\nfield'), (), "samples: wrong"),
+    ],
+)
+def test_issue12_clear_errors_roxxel_plan_refuses_with_one_line(
+    plan_dir: Path, capsys, edit, args, message: str
+) -> None:
+    assert _plan(plan_dir, PLAN_TOML.replace(*edit), *args) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("roxxel plan: error: ")
+    assert re.search(message, err), err
+
+
+def test_issue12_item14_roxxel_plan_refuses_weights_of_unbounded_ratio(plan_dir: Path, capsys):
+    text = PLAN_TOML.replace("web = 1, ids = 1", "web = 5e-324, ids = 1e308")
+    assert _plan(plan_dir, text) == 1
+    assert "weights too far apart" in capsys.readouterr().err

@@ -20,7 +20,13 @@ from roxxel.sources.records import TokenWindows
 
 __all__ = ["add_plan_parser", "open_plan_source"]
 
-SOURCE_KEYS = frozenset({"path", "field", "seq_len", "stride", "targets"})
+SOURCE_KEYS = {  # key -> (TOML type, what it says in an error); a bool is no int
+    "path": (str, "a path string"),
+    "field": (str, "a field name"),
+    "seq_len": (int, "an integer"),
+    "stride": (int, "an integer"),
+    "targets": (bool, "a bool: true or false"),
+}
 
 EPILOG = """example:
   roxxel plan mixture.toml --steps 100000 --plot shares.png
@@ -45,17 +51,24 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def open_plan_source(name: str, spec: Mapping[str, Any]) -> Any:
-    """A mixture source from its TOML table: token windows or the dataset's records."""
-    unknown = sorted(set(spec) - SOURCE_KEYS)
-    if unknown:
-        raise ConfigError(
-            f"sources.{name}: unknown keys {unknown} (expected some of {sorted(SOURCE_KEYS)})"
-        )
+    """A mixture source from its TOML table: token windows or the dataset's records.
+
+    Raises:
+        ConfigError: an unknown key, a value of the wrong type, ``field`` without ``seq_len``
+            (or the reverse), or a field the dataset does not have (listing those it has).
+    """
+    _check_source_spec(name, spec)
     dataset = open_dataset(spec["path"])
     if "field" not in spec and "seq_len" not in spec:
         return dataset
     if "field" not in spec or "seq_len" not in spec:
         raise ConfigError(f"sources.{name}: field and seq_len go together (found one of them)")
+    names = [f.name for f in dataset.schema.fields]
+    if spec["field"] not in names:
+        found = f"{spec['field']!r} not in {spec['path']}"
+        raise ConfigError(
+            f"sources.{name}.field: unknown field ({found}, expected one of {', '.join(sorted(names))})"
+        )
     return TokenWindows(
         dataset,
         spec["field"],
@@ -63,6 +76,18 @@ def open_plan_source(name: str, spec: Mapping[str, Any]) -> Any:
         targets=spec.get("targets", True),
         stride=spec.get("stride"),
     )
+
+
+def _check_source_spec(name: str, spec: Mapping[str, Any]) -> None:
+    unknown = sorted(set(spec) - set(SOURCE_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"sources.{name}: unknown keys {unknown} (expected some of {sorted(SOURCE_KEYS)})"
+        )
+    for key, value in spec.items():
+        kind, rule = SOURCE_KEYS[key]
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            raise ConfigError(f"sources.{name}.{key}: wrong type ({value!r}, expected {rule})")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

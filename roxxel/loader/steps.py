@@ -184,6 +184,7 @@ class SinglePicker:
         self.num_items = len(source)
         self._names = tuple(source.layout)
         self._blocks = _Blocks(self._records, max(1, _BLOCK_ROWS // max(1, batch_size)))
+        self._num_steps_max = order.MAX_POSITION // batch_size  # steps whose positions fit
 
     def batch_size_at(self, step: int) -> int:
         return self.batch_size
@@ -195,6 +196,9 @@ class SinglePicker:
         return total // self.batch_size if self.drop else -(-total // self.batch_size)
 
     def pick(self, step: int, rows: np.ndarray) -> Pick | None:
+        if not 0 <= step < self._num_steps_max:
+            rule = f"[0, {self._num_steps_max}): positions stay <= 2**62 (order.MAX_POSITION)"
+            raise ConfigError(f"loader: step out of range ({step}, expected {rule})")
         start = step * self.batch_size
         total = None if self.num_epochs is None else self.num_epochs * self.num_items
         if self.num_items == 0:
@@ -210,7 +214,9 @@ class SinglePicker:
         return Pick(num_valid, num_read, _zeros_int32(num_read), records)
 
     def _records(self, first: int, num_steps: int, rows: np.ndarray) -> tuple[int, np.ndarray]:
-        """Records of `rows` at steps [first, first + num_steps): (num_steps, len(rows))."""
+        """Records of `rows` at steps [first, first + num_steps): (num_steps, len(rows));
+        fewer steps where they would pass `order.MAX_POSITION`."""
+        num_steps = min(num_steps, self._num_steps_max - first)
         steps = np.arange(first, first + num_steps, dtype=np.int64)[:, None]
         draws = (steps * self.batch_size + rows.astype(np.int64)[None, :]).ravel()
         records = order.records_for_draws(
@@ -326,7 +332,10 @@ class MixturePicker:
         cap = max(1, _BLOCK_ROWS // self.batch_size_at(first))
         num_steps = max(1, min(num_steps, cap, num_steps if end is None else end - first))
         start = int(self.mixture.position_at(first))
-        stop = int(self.mixture.position_at(first + num_steps))
+        try:
+            stop = int(self.mixture.position_at(first + num_steps))
+        except ConfigError:  # a read-ahead past the last position there is: this step alone
+            num_steps, stop = 1, int(self.mixture.position_at(first + 1))
         source_ids, records = self.mixture.locate(start, stop)
         ids = _readonly(np.asarray(source_ids, np.int32))
         return num_steps, (start, ids, _readonly(np.asarray(records, np.int64)))

@@ -1,46 +1,72 @@
-"""A `Mixture` from a TOML file (`tomllib`); the schema is in ``docs/sampling.md``.
+"""A mixture's TOML file (`tomllib`) as `Mixture` arguments; the schema is in ``docs/sampling.md``.
 
-The file names each source by a path and options; the caller's ``open_source`` opens it, so
-neither this module nor `roxxel.sampling.mixture` knows anything about files of records. Unknown
-keys are errors: a typo never silently changes a training run.
+`Mixture.from_toml` (`roxxel.sampling.mixture`) builds the mixture from what this module
+reads: it is the lower of the two, so the class can offer the constructor. The file names
+each source by a path and options; the caller's ``open_source`` opens it, so neither module
+knows anything about files of records. Unknown keys and values of the wrong TOML type are
+errors naming the file and the table: a typo never silently changes a training run.
 """
 
 from __future__ import annotations
 
 import tomllib
 from collections.abc import Callable, Mapping, Sized
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from roxxel.errors import ConfigError
-from roxxel.sampling.mixture import Cap, Mixture, Phase
+from roxxel.sampling.phases import Cap, Phase
 
-__all__ = ["OpenSource", "load_mixture", "mixture_from_config"]
+__all__ = ["MixtureArgs", "OpenSource", "mixture_args", "read_toml"]
 
 OpenSource = Callable[[str, Mapping[str, Any]], Sized]
 """``open_source(name, spec) -> source``: ``spec`` is the source's table without its cap
 keys, with ``path`` resolved against the TOML file's folder."""
 
-_TOP_KEYS = frozenset({"seed", "shuffle", "batch_size", "on_exhausted", "sources", "phases"})
-_PHASE_KEYS = frozenset({"weights", "end_step", "batch_size", "seq_len"})
-_CAP_KEYS = ("epochs", "samples")
+_INT, _NUMBER = (int, "an integer"), ((int, float), "a number")
+_TOP_KEYS = {
+    "seed": _INT,
+    "shuffle": (bool, "true or false"),
+    "batch_size": _INT,
+    "on_exhausted": (str, "a string"),
+    "sources": (dict, "a table"),
+    "phases": (list, "an array of tables"),
+}
+_PHASE_KEYS = {"weights": (dict, "a table"), "end_step": _INT, "batch_size": _INT, "seq_len": _INT}
+_CAP_KEYS = {"epochs": _NUMBER, "samples": _INT}
 
 
-def load_mixture(path: str | Path, open_source: OpenSource) -> Mixture:
-    """Read a mixture TOML file and build the `Mixture` it describes.
+@dataclass(frozen=True, slots=True)
+class MixtureArgs:
+    """The arguments of `roxxel.Mixture` that a TOML document gives.
+
+    Attributes:
+        sources: name -> the opened source, in the file's order (the source ids).
+        phases: the ``[[phases]]`` tables, in order.
+        options: the keyword arguments (``batch_size``, ``caps``, ``seed``, ``shuffle``,
+            ``on_exhausted``), with the documented defaults.
+    """
+
+    sources: dict[str, Sized]
+    phases: list[Phase]
+    options: dict[str, Any]
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """The parsed TOML document at ``path``.
 
     Raises:
-        ConfigError: invalid TOML, a missing or unknown key, or any invalid value (the
-            message names the file and the table at fault).
+        ConfigError: invalid TOML (naming the file).
         OSError: the file cannot be read.
     """
-    path = Path(path)
-    with path.open("rb") as file:
+    with Path(path).open("rb") as file:
         try:
-            config = tomllib.load(file)
+            return tomllib.load(file)
         except tomllib.TOMLDecodeError as error:
-            raise ConfigError(f"{path}: invalid TOML ({error}, expected TOML 1.0)") from error
-    return mixture_from_config(config, open_source, base_dir=path.parent, where=str(path))
+            raise ConfigError(
+                f"{path}: invalid TOML ({error}, expected TOML 1.0)", path=path
+            ) from None
 
 
 def _table(where: str, value: object) -> dict[str, Any]:
@@ -49,12 +75,19 @@ def _table(where: str, value: object) -> dict[str, Any]:
     return value
 
 
-def _no_unknown(where: str, table: Mapping[str, Any], allowed: frozenset[str]) -> None:
-    unknown = sorted(set(table) - allowed)
+def _check_keys(
+    where: str, table: Mapping[str, Any], allowed: Mapping[str, tuple[Any, str]]
+) -> None:
+    """Raise `ConfigError` for a key not in ``allowed`` (listing the known keys) or a value
+    whose TOML type is not the one ``allowed`` gives it (a bool is no number)."""
+    unknown = sorted(set(table) - set(allowed))
     if unknown:
-        raise ConfigError(
-            f"{where}: unknown keys ({', '.join(unknown)}, expected some of {', '.join(sorted(allowed))})"
-        )
+        known = ", ".join(sorted(allowed))
+        raise ConfigError(f"{where}: unknown keys ({', '.join(unknown)}, expected some of {known})")
+    for key, value in table.items():
+        kind, name = allowed[key]
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            raise ConfigError(f"{where}.{key}: wrong type ({value!r}, expected {name})")
 
 
 def _open_sources(where: str, tables: object, open_source: OpenSource, base_dir: Path | None):
@@ -70,6 +103,7 @@ def _open_sources(where: str, tables: object, open_source: OpenSource, base_dir:
         if base_dir is not None and not Path(path).is_absolute():
             spec["path"] = str(base_dir / path)
         cap = {key: spec.pop(key) for key in _CAP_KEYS if key in spec}
+        _check_keys(f"{where}: sources.{name}", cap, _CAP_KEYS)
         if cap:
             caps[name] = Cap(**cap)
         sources[name] = open_source(name, spec)
@@ -82,7 +116,7 @@ def _phases(where: str, tables: object) -> list[Phase]:
     phases = []
     for i, value in enumerate(tables):
         table = _table(f"{where}: phases[{i}]", value)
-        _no_unknown(f"{where}: phases[{i}]", table, _PHASE_KEYS)
+        _check_keys(f"{where}: phases[{i}]", table, _PHASE_KEYS)
         weights = _table(f"{where}: phases[{i}].weights", table.get("weights"))
         phases.append(
             Phase(weights, table.get("end_step"), table.get("batch_size"), table.get("seq_len"))
@@ -90,28 +124,28 @@ def _phases(where: str, tables: object) -> list[Phase]:
     return phases
 
 
-def mixture_from_config(
+def mixture_args(
     config: Mapping[str, Any],
     open_source: OpenSource,
     *,
     base_dir: Path | None = None,
     where: str = "mixture",
-) -> Mixture:
-    """Build a `Mixture` from a parsed TOML document (a dict); see `load_mixture`.
+) -> MixtureArgs:
+    """The `Mixture` arguments of a parsed TOML document (a dict), its sources opened.
 
-    ``base_dir`` resolves relative source paths; ``where`` prefixes error messages.
+    ``base_dir`` resolves relative source paths; ``where`` prefixes error messages. The
+    values themselves (weights, steps, caps) are checked by `Mixture`.
+
+    Raises:
+        ConfigError: a missing or unknown key, or a value of the wrong TOML type.
     """
-    _no_unknown(where, config, _TOP_KEYS)
+    _check_keys(where, config, _TOP_KEYS)
     sources, caps = _open_sources(where, config.get("sources"), open_source, base_dir)
-    try:
-        return Mixture(
-            sources,
-            _phases(where, config.get("phases")),
-            batch_size=config.get("batch_size"),
-            caps=caps,
-            seed=config.get("seed", 0),
-            shuffle=config.get("shuffle", True),
-            on_exhausted=config.get("on_exhausted", "stop"),
-        )
-    except ConfigError as error:
-        raise ConfigError(f"{where}: {error}") from None
+    options = {
+        "batch_size": config.get("batch_size"),
+        "caps": caps,
+        "seed": config.get("seed", 0),
+        "shuffle": config.get("shuffle", True),
+        "on_exhausted": config.get("on_exhausted", "stop"),
+    }
+    return MixtureArgs(sources, _phases(where, config.get("phases")), options)

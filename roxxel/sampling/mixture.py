@@ -18,12 +18,15 @@ import json
 from collections.abc import Mapping, Sequence, Sized
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Literal, get_args
+from pathlib import Path
+from typing import Any, Literal, get_args
 
 import numpy as np
 
+from roxxel.errors import ConfigError, check_int
+from roxxel.sampling.from_toml import OpenSource, mixture_args, read_toml
 from roxxel.sampling.interleave import PhaseStream
-from roxxel.sampling.order import records_for_sources
+from roxxel.sampling.order import check_count, records_for_sources
 from roxxel.sampling.phases import (
     Cap,
     Ledger,
@@ -32,7 +35,6 @@ from roxxel.sampling.phases import (
     Space,
     Weight,
     cap_units,
-    check_int,
     check_sources,
     exact_number,
     fail,
@@ -42,6 +44,7 @@ from roxxel.sampling.phases import (
     phase_spaces,
     refilled,
     refills_before,
+    weights_text,
 )
 
 __all__ = ["Cap", "Mixture", "OnExhausted", "Phase"]
@@ -129,7 +132,7 @@ class Mixture:
         length). Caps count every draw since step 0, beyond what refills gave back before
         ``step``. Steps before ``step`` are not part of the new mixture.
         """
-        step = check_int("Mixture.continue_from: step", step, old.origin_step)
+        step = check_count("Mixture.continue_from: step", step, old.origin_step)
         position = old.position_at(step)
         if old.num_positions is not None and position > old.num_positions:
             rule = f"a step starting at or before position {old.num_positions}"
@@ -144,6 +147,41 @@ class Mixture:
         origin = _Origin(step, position, old.ledger_at(position), old.fingerprint(), refills)
         new._setup(dict(zip(old.names, old.sources, strict=True)), phases, options, origin)
         return new
+
+    @classmethod
+    def from_toml(cls, path: str | Path, open_source: OpenSource) -> Mixture:
+        """The mixture a TOML file describes (schema: ``docs/sampling.md`` §9).
+
+        ``open_source(name, spec)`` opens each ``[sources.NAME]`` table: ``spec`` is the
+        table without its cap keys (``epochs``, ``samples``), with ``path`` resolved against
+        the file's folder. `roxxel.cli.plan.open_plan_source` is the one ``roxxel plan``
+        uses (a dataset's records, or token windows with ``field`` and ``seq_len``).
+
+        Raises:
+            ConfigError: invalid TOML, a missing or unknown key, a value of the wrong type
+                or any invalid value; the message names the file and the table at fault.
+            OSError: the file cannot be read.
+        """
+        path = Path(path)
+        config = read_toml(path)
+        return cls.from_config(config, open_source, base_dir=path.parent, where=str(path))
+
+    @classmethod
+    def from_config(
+        cls,
+        config: Mapping[str, Any],
+        open_source: OpenSource,
+        *,
+        base_dir: Path | None = None,
+        where: str = "mixture",
+    ) -> Mixture:
+        """`from_toml` for an already parsed document (a dict); ``base_dir`` resolves
+        relative source paths and ``where`` prefixes error messages."""
+        args = mixture_args(config, open_source, base_dir=base_dir, where=where)
+        try:
+            return cls(args.sources, args.phases, **args.options)
+        except ConfigError as error:
+            raise ConfigError(f"{where}: {error}", rule=error.rule, path=where) from None
 
     def _setup(self, sources, phases, options: _Options, origin: _Origin) -> None:
         self._validate_sources(sources)
@@ -168,7 +206,7 @@ class Mixture:
 
     def _validate_options(self, options: _Options) -> None:
         if options.batch_size is not None:
-            check_int("Mixture: batch_size", options.batch_size, 1)
+            check_count("Mixture: batch_size", options.batch_size, 1)
         check_int("Mixture: seed", options.seed, 0)
         if not isinstance(options.shuffle, bool):
             raise fail("Mixture: shuffle", "not a bool", options.shuffle, "True or False")
@@ -334,6 +372,7 @@ class Mixture:
         start, stop = self.schedule.check_position(start), int(stop)
         if stop < start:
             raise IndexError(f"Mixture: reversed range ({start}, {stop}), expected start <= stop")
+        stop = self.schedule.check_position(stop)
         if self.num_positions is not None:
             start, stop = min(start, self.num_positions), min(stop, self.num_positions)
         p, parts = self._stream_at(start), []
@@ -390,7 +429,27 @@ class Mixture:
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def __repr__(self) -> str:
-        return f"Mixture(names={self.names}, phases={len(self.phases)}, positions={self.num_positions})"
+        """Sources with their sizes, the weights (or the phases), batch size and seed; caps,
+        policy and origin when they are not the defaults."""
+        sizes = ", ".join(f"{n!r}: {size}" for n, size in zip(self.names, self.sizes, strict=True))
+        if len(self.phases) == 1 and self.phases[0] == Phase(self.phases[0].weights):
+            schedule = f"weights={weights_text(self.phases[0].weights)}"
+        else:
+            shown = ", ".join(repr(p) for p in self.phases[:3])
+            more = f", ... {len(self.phases) - 3} more" if len(self.phases) > 3 else ""
+            schedule = f"phases=[{shown}{more}]"
+        extra = ""
+        if any(c is not None for c in self.caps):
+            caps = zip(self.names, self.caps, strict=True)
+            extra += ", caps={" + ", ".join(f"{n!r}: {c}" for n, c in caps if c is not None) + "}"
+        if self.on_exhausted != "stop":
+            extra += f", on_exhausted={self.on_exhausted!r}"
+        if self.origin_step:
+            extra += f", origin_step={self.origin_step}"
+        return (
+            f"Mixture(sources={{{sizes}}}, {schedule}, batch_size={self.batch_size}, "
+            f"seed={self.seed}{extra})"
+        )
 
 
 def _joined(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:

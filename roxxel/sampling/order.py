@@ -15,9 +15,25 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from roxxel.errors import ConfigError
+from roxxel.errors import ConfigError, check_int
 
-__all__ = ["KeyedPermutation", "epoch_key", "records_for_draws", "records_for_sources"]
+__all__ = [
+    "MAX_POSITION",
+    "MAX_STEP",
+    "KeyedPermutation",
+    "check_count",
+    "epoch_key",
+    "records_for_draws",
+    "records_for_sources",
+]
+
+MAX_POSITION = 1 << 62
+"""Positions, draws, steps, batch sizes and caps are at most this (a range's stop may equal
+it): ``step * batch + row`` and every sum of two such values stay inside int64, so nothing
+wraps. A step or position past it is a `ConfigError` naming the limit."""
+MAX_STEP = MAX_POSITION
+"""The largest step (exclusive end) a mixture or a loader may reach; see `MAX_POSITION`."""
+_LIMIT = "2**62, the limit of steps and positions"
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -47,13 +63,49 @@ def _mix(x: np.ndarray, key: np.uint64) -> np.ndarray:
 
 
 def _check_int(where: str, value: object, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise ConfigError(f"{where}: not an integer ({value!r}, expected an int)")
-    value = int(value)
+    value = check_int(where, value)
     if value < low or (high is not None and value >= high):
         rule = f">= {low}" if high is None else f"in [{low}, {high})"
         raise ConfigError(f"{where}: out of range ({value}, expected {rule})")
     return value
+
+
+def check_count(where: str, value: object, low: int | None = 0) -> int:
+    """``value`` as an int in ``[low, MAX_POSITION]``: a step, position, batch size or cap
+    (``low=None``: no lower bound, for a caller that raises `IndexError` below its range).
+
+    >>> check_count("step", 2**62)
+    4611686018427387904
+    >>> check_count("step", 2**62 + 1)
+    Traceback (most recent call last):
+    ...
+    roxxel.errors.ConfigError: step: too large (4611686018427387905, expected <= 2**62, the limit of steps and positions)
+    """
+    number = check_int(where, value, low)
+    if number > MAX_POSITION:
+        raise ConfigError(f"{where}: too large ({number}, expected <= {_LIMIT})")
+    return number
+
+
+def as_draws(where: str, draws: object) -> np.ndarray:
+    """``draws`` as int64, each in ``[0, MAX_POSITION)``, checked before any cast can wrap.
+
+    Raises:
+        TypeError: draws that are not integers.
+        IndexError: a negative draw.
+        ConfigError: a draw at or past `MAX_POSITION`.
+    """
+    array = np.asarray(draws)
+    if not array.size:
+        return array.astype(np.int64)
+    if array.dtype.kind not in "iuO":
+        raise TypeError(f"{where}: draws of dtype {array.dtype} (expected integers)")
+    lowest, highest = int(array.min()), int(array.max())
+    if lowest < 0:
+        raise IndexError(f"{where}: negative draw ({lowest}, expected >= 0)")
+    if highest >= MAX_POSITION:
+        raise ConfigError(f"{where}: draw too large ({highest}, expected < {_LIMIT})")
+    return array.astype(np.int64)
 
 
 class KeyedPermutation:
@@ -203,13 +255,12 @@ def records_for_draws(
     [0, 1, 2, 3, 4]
 
     Raises:
-        ConfigError: ``num_records < 1``.
+        ConfigError: ``num_records < 1``, or a draw at or past `MAX_POSITION`.
         IndexError: a negative draw.
+        TypeError: draws that are not integers.
     """
     n = _check_int("records_for_draws: num_records", num_records, 1)
-    d = np.asarray(draws, dtype=np.int64)
-    if d.size and int(d.min()) < 0:
-        raise IndexError(f"records_for_draws: negative draw ({int(d.min())}, expected >= 0)")
+    d = as_draws("records_for_draws", draws)
     epochs, positions = np.divmod(d, n)
     if not shuffle or n == 1 or not d.size:
         return positions
@@ -249,24 +300,36 @@ def records_for_sources(
     takes one pass, not 32. O(len(draws)) work plus one key per distinct (source, epoch).
     """
     sources = np.asarray(sources, np.int64)
-    d = np.asarray(draws, np.int64)
-    if d.size and int(d.min()) < 0:
-        raise IndexError(f"records_for_sources: negative draw ({int(d.min())}, expected >= 0)")
+    d = as_draws("records_for_sources", draws)
     n = np.asarray([_check_int("records_for_sources: size", s, 1) for s in sizes], np.int64)[
         sources
     ]
     epochs, positions = np.divmod(d, n)
     if not shuffle or not d.size:
         return positions
-    pairs, inverse = np.unique(epochs * len(sizes) + sources, return_inverse=True)
-    pair_epochs, pair_sources = np.divmod(pairs, len(sizes))
+    pair_epochs, pair_sources, inverse = _epoch_source_pairs(epochs, sources, len(sizes))
     perms = [
         _epoch_permutation(int(sizes[k]), seed, names[k], e)
         for e, k in zip(pair_epochs.tolist(), pair_sources.tolist(), strict=True)
     ]
-    inverse = inverse.ravel()
     radix_a = np.asarray([p._radix_a for p in perms], np.uint64)[inverse]
     radix_b = np.asarray([p._radix_b for p in perms], np.uint64)[inverse]
     keys = np.asarray([p._keys for p in perms], np.uint64)[inverse]
     network = _Network(radix_a, radix_b, list(keys.T), n.astype(np.uint64))
     return network.walk(positions.astype(np.uint64), backward=False).astype(np.int64)
+
+
+def _epoch_source_pairs(
+    epochs: np.ndarray, sources: np.ndarray, num_sources: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct (epoch, source) pairs, and the pair of each element (``inverse``).
+
+    One int64 key ``epoch * num_sources + source`` per element when that cannot wrap (a
+    one-record source has an epoch per draw, so near `MAX_POSITION` it could), else rows.
+    """
+    if int(epochs.max()) < (1 << 63) // num_sources - 1:
+        pairs, inverse = np.unique(epochs * num_sources + sources, return_inverse=True)
+        pair_epochs, pair_sources = np.divmod(pairs, num_sources)
+        return pair_epochs, pair_sources, inverse.ravel()
+    pairs, inverse = np.unique(np.stack([epochs, sources]), axis=1, return_inverse=True)
+    return pairs[0], pairs[1], inverse.ravel()

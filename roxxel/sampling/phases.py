@@ -21,6 +21,7 @@ import numpy as np
 from roxxel.errors import ConfigError
 from roxxel.protocols import CountsTokens, TokenSource
 from roxxel.sampling.interleave import PhaseStream
+from roxxel.sampling.order import MAX_POSITION, check_count
 
 __all__ = ["Cap", "Ledger", "Phase", "Schedule", "Space", "phase_spaces", "source_space"]
 
@@ -45,6 +46,24 @@ class Phase:
     batch_size: int | None = None
     seq_len: int | None = None
 
+    def __repr__(self) -> str:
+        """``Phase({'web': 0.7, 'code': 1/3}, end_step=10)``: the fields that are set."""
+        fields = [("end_step", self.end_step), ("batch_size", self.batch_size)]
+        fields.append(("seq_len", self.seq_len))
+        rest = "".join(f", {name}={value!r}" for name, value in fields if value is not None)
+        return f"Phase({weights_text(self.weights)}{rest})"
+
+
+def weights_text(weights: object) -> str:
+    """Weights as a short dict display, fractions as ``p/q``: ``{'a': 0.7, 'b': 1/3}``."""
+    if not isinstance(weights, Mapping):
+        return repr(weights)
+    return "{" + ", ".join(f"{k!r}: {_number_text(w)}" for k, w in weights.items()) + "}"
+
+
+def _number_text(value: object) -> str:
+    return str(value) if isinstance(value, Fraction) else repr(value)
+
 
 @dataclass(frozen=True, slots=True)
 class Cap:
@@ -59,10 +78,10 @@ def fail(where: str, what: str, found: object, rule: str) -> ConfigError:
     return ConfigError(f"{where}: {what} ({found!r}, expected {rule})")
 
 
-def check_int(where: str, value: object, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or int(value) < low:
-        raise fail(where, "not a valid integer", value, f"an int >= {low}")
-    return int(value)
+MAX_WEIGHT_RATIO = 1 << 53
+"""The largest weight of a phase is at most this times its smallest non-zero one."""
+MAX_WEIGHT = 1 << 128
+"""The weights of a phase as the smallest integers in their ratios stay at most this."""
 
 
 def exact_number(where: str, value: object) -> Fraction:
@@ -80,12 +99,31 @@ def exact_number(where: str, value: object) -> Fraction:
 
 
 def integer_weights(where: str, weights: Sequence[Fraction]) -> tuple[int, ...]:
+    """The smallest integers in the ratios of ``weights``.
+
+    Raises:
+        ConfigError: all weights zero, a largest weight more than `MAX_WEIGHT_RATIO` times
+            the smallest non-zero one, or integers past `MAX_WEIGHT` (weights whose common
+            denominator is astronomically large).
+    """
     if not any(weights):
         raise fail(where, "all weights are zero", [str(w) for w in weights], "a weight > 0")
+    used = [w for w in weights if w]
+    if max(used) > MAX_WEIGHT_RATIO * min(used):
+        ratio = max(used) / min(used)
+        found = (
+            f"max/min > 2**{math.floor(math.log2(ratio.numerator) - math.log2(ratio.denominator))}"
+        )
+        raise fail(where, "weights too far apart", found, "max/min <= 2**53")
     scale = math.lcm(*(w.denominator for w in weights))
     ints = [int(w * scale) for w in weights]
     divisor = math.gcd(*ints)
-    return tuple(i // divisor for i in ints)
+    ints = [i // divisor for i in ints]
+    if max(ints) > MAX_WEIGHT:
+        found = f"{max(ints).bit_length()}-bit integer weights"
+        rule = "a common denominator that keeps them <= 2**128"
+        raise fail(where, "weights with too large a common denominator", found, rule)
+    return tuple(ints)
 
 
 def check_sources(sources: object) -> None:
@@ -114,8 +152,14 @@ def cap_units(where: str, cap: Cap | Weight, num_records: int, unit: int = 1) ->
     if (cap.epochs is None) == (cap.samples is None):
         raise fail(where, "a cap needs exactly one of epochs and samples", cap, "one")
     if cap.samples is not None:
-        return check_int(f"{where}.samples", cap.samples, 0) * unit
-    return math.floor(exact_number(f"{where}.epochs", cap.epochs) * num_records * unit)
+        return check_count(f"{where}.samples", cap.samples) * unit
+    units = math.floor(exact_number(f"{where}.epochs", cap.epochs) * num_records * unit)
+    if units // unit > MAX_POSITION:
+        found = f"{cap.epochs} epochs of {num_records}, {units // unit} samples"
+        raise fail(
+            f"{where}.epochs", "too large", found, "<= 2**62 samples, the limit of positions"
+        )
+    return units
 
 
 def own_unit(source: object) -> int:
@@ -267,7 +311,8 @@ class Schedule:
 
     Raises:
         ConfigError: no phases, unordered or overlapping phases, an open-ended phase that is
-            not the last, a batch size or seq_len that is not a positive int.
+            not the last, a batch size or seq_len that is not a positive int, or a step,
+            batch size or position past `roxxel.sampling.order.MAX_POSITION` (2**62).
     """
 
     def __init__(
@@ -293,15 +338,19 @@ class Schedule:
             if phase.end_step is not None:
                 position += (phase.end_step - step) * batch
                 step = phase.end_step
+                if position > MAX_POSITION:
+                    found = f"{step} steps reach position {position}"
+                    rule = "<= 2**62, the limit of steps and positions"
+                    raise fail(f"Mixture: phases[{i}].end_step", "too many positions", found, rule)
         self.end_step: int | None = phases[-1].end_step
 
     @staticmethod
     def _check_phase(i: int, phase: Phase, batch_size: int | None, step: int) -> int:
         where = f"Mixture: phases[{i}]"
         if phase.batch_size is not None:
-            check_int(f"{where}.batch_size", phase.batch_size, 1)
+            check_count(f"{where}.batch_size", phase.batch_size, 1)
         if phase.seq_len is not None:
-            check_int(f"{where}.seq_len", phase.seq_len, 1)
+            check_count(f"{where}.seq_len", phase.seq_len, 1)
         batch = phase.batch_size or batch_size
         if batch is None:
             raise fail(f"{where}.batch_size", "no batch size", None, "Phase or Mixture batch_size")
@@ -314,7 +363,7 @@ class Schedule:
             where = f"Mixture: phases[{i}].end_step"
             if phase.end_step is None and i != len(phases) - 1:
                 raise fail(where, "only the last phase may be open-ended", None, "an int")
-            if phase.end_step is not None and check_int(where, phase.end_step, 0) <= step:
+            if phase.end_step is not None and check_count(where, phase.end_step) <= step:
                 rule = f"> {step}, where this phase starts"
                 raise fail(where, "phases overlap or are out of order", phase.end_step, rule)
             step = phase.end_step if phase.end_step is not None else step
@@ -332,7 +381,7 @@ class Schedule:
         Raises:
             IndexError: a step before the origin, or at or after the last ``end_step``.
         """
-        step = int(step)
+        step = check_count("Mixture: step", step, low=None)
         if step < self.origin_step or (self.end_step is not None and step >= self.end_step):
             rule = f"[{self.origin_step}, {self.end_step})"
             raise IndexError(f"Mixture: step out of range ({step}, expected {rule})")
@@ -341,7 +390,11 @@ class Schedule:
     def position_at(self, step: int) -> int:
         """The first position of ``step`` (``end_step`` allowed: the position after the last)."""
         p = len(self.step_starts) - 1 if step == self.end_step else self.phase_at(step)
-        return self.pos_starts[p] + (int(step) - self.step_starts[p]) * self.batch_sizes[p]
+        position = self.pos_starts[p] + (int(step) - self.step_starts[p]) * self.batch_sizes[p]
+        if position > MAX_POSITION:
+            rule = "<= 2**62, the limit of steps and positions"
+            raise fail("Mixture: step", "past the last position", f"{step} at {position}", rule)
+        return position
 
     def step_at(self, position: int) -> int:
         """The step whose batch holds ``position``."""
@@ -350,8 +403,9 @@ class Schedule:
         return self.step_starts[p] + (position - self.pos_starts[p]) // self.batch_sizes[p]
 
     def check_position(self, position: int) -> int:
-        """``position`` as an int; `IndexError` if it lies before the origin."""
-        position = int(position)
+        """``position`` as an int; `IndexError` if it lies before the origin, `ConfigError`
+        past `roxxel.sampling.order.MAX_POSITION` (which a range's stop may equal)."""
+        position = check_count("Mixture: position", position, low=None)
         if position < self.origin_position:
             rule = f">= {self.origin_position}"
             raise IndexError(f"Mixture: position before the origin ({position}, expected {rule})")

@@ -16,6 +16,7 @@ import numpy as np
 from roxxel.errors import ConfigError
 from roxxel.protocols import CountsTokens
 from roxxel.sampling.mixture import Mixture
+from roxxel.sampling.order import check_count
 
 __all__ = ["plan_report", "plot_shares", "share_curve"]
 
@@ -23,13 +24,7 @@ __all__ = ["plan_report", "plot_shares", "share_curve"]
 def _last_step(mixture: Mixture, num_steps: int | None, where: str) -> int:
     """The step after the last one planned: ``num_steps``, or where the stream ends."""
     if num_steps is not None:
-        if (
-            isinstance(num_steps, bool)
-            or not isinstance(num_steps, int)
-            or num_steps <= mixture.origin_step
-        ):
-            rule = f"an int > {mixture.origin_step}"
-            raise ConfigError(f"{where}: num_steps ({num_steps!r}, expected {rule})")
+        num_steps = check_count(f"{where}: num_steps", num_steps, mixture.origin_step + 1)
         return num_steps if mixture.end_step is None else min(num_steps, mixture.end_step)
     if mixture.num_positions is not None:
         return mixture.step_at(max(mixture.num_positions - 1, 0)) + 1

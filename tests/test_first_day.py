@@ -424,3 +424,27 @@ def test_issue11_point6_an_old_mixture_state_with_the_old_default_seed_restores(
     assert loader.step == 3
     with pytest.raises(StateError, match="seed"):
         loader.restore({**loader.state(), "seed": 0})
+
+
+@pytest.mark.parametrize("step", [2**60, 2**63, 2**70])  # batch size 4: 2**60 * 4 = 2**62
+def test_issue12_item7_a_mixture_refuses_a_step_past_the_bound_on_start_and_restore(
+    tokens, short_tokens, step
+):
+    mixture = _mixture(tokens, short_tokens)
+    with pytest.raises(ConfigError, match=r"2\*\*62"):
+        Loader(mixture, start_step=step)
+    loader = Loader(mixture)
+    with pytest.raises(StateError, match=r"2\*\*62"):
+        loader.restore({**loader.state(), "step": step})
+    assert loader.step == 0
+
+
+def test_issue13_item3_the_batch_carries_the_meshs_axis_types(tokens):
+    windows = TokenWindows(tokens, "tokens", 4)
+    explicit = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
+    auto = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    with Loader(windows, 8, sharding=(explicit, P("data"))) as loader:
+        assert "@data" in str(jax.typeof(next(loader)["tokens"]))  # sharding in the type
+    with Loader(windows, 8, sharding=(auto, P("data"))) as loader:
+        batch = next(loader)["tokens"]
+        assert "@" not in str(jax.typeof(batch)) and batch.sharding.spec == P("data")

@@ -252,7 +252,10 @@ class Loader:
         """
         legacy_seed = 0 if isinstance(self._source, Mixture) else None  # the old default
         step = _check_state(state, (self._seed, legacy_seed), self._fingerprint, self._description)
-        _check_step(self._picker, step, "loader.restore: step", StateError)
+        try:
+            _check_step(self._picker, step, "loader.restore: step", StateError)
+        except ConfigError as error:  # the mixture's own bound on steps
+            raise StateError(f"loader.restore: {error}") from None
         self._stop_pipeline()
         self._step = step
 
@@ -301,7 +304,8 @@ class Loader:
         self._stop_pipeline()
 
     def __del__(self) -> None:
-        if self._prefetcher is not None:
+        # at interpreter exit the modules it needs may be gone; daemon threads die anyway
+        if self._prefetcher is not None and not sys.is_finalizing():
             self._stop_pipeline()
 
     def _next_or_none(self) -> Batch | None:

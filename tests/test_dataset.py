@@ -387,6 +387,21 @@ def test_issue12_item10_non_integer_indices_are_type_errors(dataset_dir, bad) ->
     assert int(ds[np.int64(3)]["label"]) == 3 and int(ds[np.uint8(2)]["label"]) == 2
 
 
+def test_issue12_item10_unsigned_indices_past_int64_do_not_wrap(dataset_dir) -> None:
+    ds = roxxel.open_dataset(dataset_dir)
+    with pytest.raises(IndexError):
+        ds.get_batch(np.array([2**64 - 1], np.uint64))  # -1 once cast to int64
+    assert ds.get_batch(np.array([39], np.uint64))["label"].tolist() == [39]
+
+
+def test_issue13_item10_the_package_ships_a_py_typed_marker() -> None:
+    import tomllib
+
+    assert (Path(roxxel.__file__).parent / "py.typed").is_file()
+    pyproject = tomllib.loads((Path(roxxel.__file__).parent.parent / "pyproject.toml").read_text())
+    assert "py.typed" in pyproject["tool"]["setuptools"]["package-data"]["roxxel"]
+
+
 def test_issue13_item8_a_field_name_index_says_how_to_get_a_column(dataset_dir) -> None:
     ds = roxxel.open_dataset(dataset_dir)
     with pytest.raises(TypeError, match=r"get_batch\(range\(len\(ds\)\), fields=\['tokens'\]\)"):

@@ -149,6 +149,8 @@ def normalize_indices(indices: Any, size: int, where: object) -> np.ndarray:
     idx = np.asarray(indices)
     if idx.dtype.kind not in "iu" and idx.size:
         raise TypeError(f"{where}: indices must be integers ({idx.dtype})")
+    if idx.dtype.kind == "u" and idx.size and int(idx.max()) >= size:  # before int64 wraps it
+        raise IndexError(f"{where}: index out of range for {size} records")
     idx = idx.astype(np.int64, copy=False).reshape(-1)
     if idx.size and (int(idx.min()) < -size or int(idx.max()) >= size):
         raise IndexError(f"{where}: index out of range for {size} records")

@@ -313,3 +313,44 @@ def test_issue12_item14_roxxel_plan_refuses_weights_of_unbounded_ratio(plan_dir:
     text = PLAN_TOML.replace("web = 1, ids = 1", "web = 5e-324, ids = 1e308")
     assert _plan(plan_dir, text) == 1
     assert "weights too far apart" in capsys.readouterr().err
+
+
+# ---- issue 13 item 4: a stream that ends early says so -----------------------------------
+
+
+def test_issue13_item4_plan_says_when_the_stream_ends_before_the_last_phase() -> None:
+    phases = [Phase({"a": 1, "b": 1}, end_step=100), Phase({"a": 1}, batch_size=8)]
+    sources = {"a": FakeSource(30), "b": FakeSource(10)}
+    m = Mixture(sources, phases, batch_size=4, caps={"a": 1, "b": Cap(samples=10)})
+    assert m.num_positions == 40  # b runs dry at position 20 (step 4), a at 40 (step 9)
+    lines = plan_report(m, num_steps=200).splitlines()
+    assert lines[2:5] == [
+        "source 'b' is exhausted at step 4 (its cap, 10 samples; on_exhausted=stop)",
+        "source 'a' is exhausted at step 9 (its cap, 30 samples; on_exhausted=stop)",
+        "the mixture ends at step 10, before phase 1 (steps from 100): every source of "
+        "phase 0 is exhausted (on_exhausted=stop)",
+    ]
+    odd = Mixture(sources, phases, batch_size=3, caps={"a": 1, "b": Cap(samples=10)})
+    assert "the mixture ends at step 14 (its last batch has 1 of 3 rows), before phase 1" in (
+        plan_report(odd)
+    )
+
+
+def test_issue13_item4_plan_says_when_the_stream_ends_before_the_last_end_step() -> None:
+    phases = [Phase({"a": 1}, end_step=5), Phase({"a": 1}, end_step=50)]
+    m = Mixture({"a": FakeSource(30)}, phases, batch_size=2, caps={"a": 1})
+    report = plan_report(m)
+    assert "the mixture ends at step 15, before the end_step of phase 1 (50)" in report
+    whole = Mixture({"a": FakeSource(30)}, phases, batch_size=2)
+    assert "the mixture ends" not in plan_report(whole)
+    assert "is exhausted" not in plan_report(whole)
+
+
+def test_issue13_item4_roxxel_plan_prints_the_early_end(plan_dir: Path, capsys) -> None:
+    text = PLAN_TOML.replace('path = "web"\nfield', 'path = "web"\nepochs = 1\nfield')
+    text = text.replace('[sources.ids]\npath = "web"', '[sources.ids]\npath = "web"\nepochs = 1')
+    text = text.replace("end_step = 10", "end_step = 100")  # 124 windows + 40 records: 41 steps
+    assert _plan(plan_dir, text, "--steps", "200") == 0
+    out = capsys.readouterr().out
+    assert "source 'web' is exhausted at step 40 (its cap, 124 samples; on_exhausted=stop)" in out
+    assert "the mixture ends at step 41, before phase 1 (steps from 100)" in out

@@ -87,9 +87,42 @@ def _phase_rows(
     return rows
 
 
+def _exhausted_lines(mixture: Mixture) -> list[str]:
+    """A line per capped source that runs dry, then one if the stream ends before its
+    schedule does (before a later phase, or before the last phase's ``end_step``)."""
+    policy = mixture.on_exhausted
+    lines = [
+        f"source {name!r} is exhausted at step {mixture.step_at(position - 1):,} (its cap, "
+        f"{mixture.caps[mixture.names.index(name)]:,} samples; on_exhausted={policy})"
+        for name, position in sorted(mixture.exhausted_at().items(), key=lambda item: item[1])
+    ]
+    end = mixture.num_positions
+    if end is None or end == mixture.schedule.origin_position:
+        return lines
+    last = mixture.step_at(end - 1)  # the last step with data; it may be partial
+    phase, rows = mixture.phase_at(last), end - mixture.position_at(last)
+    batch = mixture.batch_size_at(last)
+    partial = "" if rows == batch else f" (its last batch has {rows} of {batch} rows)"
+    why = f"every source of phase {phase} is exhausted (on_exhausted={policy})"
+    starts = mixture.schedule.step_starts
+    if phase + 1 < len(starts):
+        lines.append(
+            f"the mixture ends at step {last + 1:,}{partial}, before phase {phase + 1} "
+            f"(steps from {starts[phase + 1]:,}): {why}"
+        )
+    elif mixture.end_step is not None and last + 1 < mixture.end_step:
+        lines.append(
+            f"the mixture ends at step {last + 1:,}{partial}, before the end_step of phase "
+            f"{phase} ({mixture.end_step:,}): {why}"
+        )
+    return lines
+
+
 def plan_report(mixture: Mixture, num_steps: int | None = None) -> str:
     """A text table per phase and source: weight, samples, tokens, epochs, and the step at
-    which each capped source runs out (its last draw under its cap).
+    which each capped source runs out (its last draw under its cap). Lines before the
+    tables name each source that runs dry and, when the stream ends before its schedule
+    does (before a later phase or the last ``end_step``), the step where it ends.
 
     Tokens are samples times the source's window length in that phase (the phase's
     ``seq_len`` for token windows), else its ``tokens_per_sample`` attribute (``-`` when
@@ -107,6 +140,7 @@ def plan_report(mixture: Mixture, num_steps: int | None = None) -> str:
         f"seed {mixture.seed}, on_exhausted={mixture.on_exhausted}",
         f"stream: {'unbounded' if end is None else f'{end:,} positions'}; planned steps "
         f"[{mixture.origin_step:,}, {stop:,})",
+        *_exhausted_lines(mixture),
     ]
     header = ["source", "weight", "samples", "tokens", "epochs", "runs out at step"]
     starts, tokens = mixture.schedule.step_starts, [0] * len(mixture.names)

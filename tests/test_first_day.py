@@ -448,3 +448,14 @@ def test_issue13_item3_the_batch_carries_the_meshs_axis_types(tokens):
     with Loader(windows, 8, sharding=(auto, P("data"))) as loader:
         batch = next(loader)["tokens"]
         assert "@" not in str(jax.typeof(batch)) and batch.sharding.spec == P("data")
+
+
+def test_issue13_item4_a_mixture_that_ends_before_its_first_batch_is_a_config_error(records):
+    capped = roxxel.Mixture(
+        {"a": records, "b": records}, {"a": 1, "b": 1}, batch_size=4, caps={"a": 0.05, "b": 0.05}
+    )
+    config = LoaderConfig(fields=("label",))
+    with pytest.raises(ConfigError, match="no step"):
+        Loader(capped, config=config)
+    padded = Loader(capped, config=LoaderConfig(fields=("label",), final_batch="pad"))
+    assert [b["valid"].tolist() for b in _take(padded, 9)] == [[True, True, False, False]]

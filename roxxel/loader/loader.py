@@ -504,6 +504,16 @@ def _check_sizes(picker: StepPicker, step: int, config: LoaderConfig) -> None:
 
 def _check_yields(picker: StepPicker, source: Any) -> None:
     """Refuse a loader that would yield no step at all, saying why."""
+    if isinstance(source, MixtureLike):
+        first = source.origin_step
+        batch_size = picker.batch_size_at(first)
+        if picker.pick(first, np.arange(batch_size, dtype=np.int64)) is None:
+            raise ConfigError(
+                f"loader: no step to yield ({source!r} ends before its first full batch of "
+                f"{batch_size} at step {first}, expected at least one batch: larger caps, "
+                "on_exhausted='refill' or final_batch='pad')"
+            )
+        return
     if picker.num_steps() != 0 or not isinstance(picker, SinglePicker):
         return
     if isinstance(source, TokenWindows) and len(source) == 0:

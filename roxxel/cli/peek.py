@@ -40,8 +40,8 @@ def add_peek_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "peek",
         help="show the rows a loader reads at one step",
-        description="Print, per row of a step's batch, its source, record, length and first "
-        "values (decoded to text where the values are bytes or a tokenizer is known).",
+        description="Print, per row of a step's batch, its source, record, length and first\n"
+        "values (as text where they are bytes or a tokenizer is known).",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -459,3 +459,12 @@ def test_issue13_item4_a_mixture_that_ends_before_its_first_batch_is_a_config_er
         Loader(capped, config=config)
     padded = Loader(capped, config=LoaderConfig(fields=("label",), final_batch="pad"))
     assert [b["valid"].tolist() for b in _take(padded, 9)] == [[True, True, False, False]]
+
+
+def test_issue12_clear_errors_numpy_ints_are_accepted_and_bools_refused(records):
+    config = LoaderConfig(fields=("label",), max_len={"label": np.int64(3)})
+    loader = Loader(records, np.int64(8), seed=np.uint64(2), start_step=np.int32(1), config=config)
+    assert next(iter(loader))["label"].shape == (8,)
+    for bad in (True, 8.0, "8"):
+        with pytest.raises(ConfigError, match="batch_size"):
+            Loader(records, bad, config=config)  # pyright: ignore[reportArgumentType]

@@ -167,6 +167,8 @@ class Loader:
         self._source = source
         self._seed = _governing_seed(source, seed)
         self._step = check_int("loader: start_step", start_step, 0)
+        if batch_size is not None:  # numpy ints too, like everywhere else
+            batch_size = check_int("loader: batch_size", batch_size, 1)
         self._picker: StepPicker = picker_for(
             source, batch_size, self.config, seed=self._seed, shuffle=shuffle
         )
@@ -465,7 +467,7 @@ def _governing_seed(source: Any, seed: object) -> int:
                 f"seed {source.seed}: the mixture orders the data, so set its seed with "
                 "Mixture(seed=...))"
             )
-        return source.seed
+        return int(source.seed)
     return 0 if seed is None else check_int("loader: seed", seed, 0, (1 << 64) - 1)
 
 
@@ -559,8 +561,8 @@ def _describe(source: Any, order: Mapping[str, Any], options: Mapping[str, Any])
         described |= {
             "names": list(source.names),
             "sizes": [int(n) for n in source.sizes],
-            "seed": source.seed,
-            "shuffle": source.shuffle,
+            "seed": int(source.seed),
+            "shuffle": bool(source.shuffle),
             "on_exhausted": source.on_exhausted,
             "num_phases": len(source.phases),
         }

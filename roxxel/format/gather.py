@@ -76,9 +76,12 @@ class RecordSource:
     def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
 
     def __getitem__(self, index: SupportsIndex | slice) -> dict[str, Any] | list[dict[str, Any]]:
-        if isinstance(index, slice):
-            return [self.record(i) for i in range(*index.indices(self._num))]
-        i = _record_index(index, self.path, self.schema)
+        try:
+            i = operator.index(index)  # pyright: ignore[reportArgumentType]  (a slice: below)
+        except TypeError:
+            if isinstance(index, slice):
+                return [self.record(i) for i in range(*index.indices(self._num))]
+            raise _not_an_index(index, self) from None
         if not -self._num <= i < self._num:
             raise IndexError(f"{self.path}: record {i} out of range for {self._num} records")
         return self.record(i + self._num if i < 0 else i)
@@ -91,23 +94,18 @@ class RecordSource:
         return allocate(self.schema.fields, batch_size, max_len or {})
 
 
-def _record_index(index: object, where: object, schema: Schema) -> int:
-    """``index`` as an int (``operator.index``: no floats, strings or bytes), else TypeError
-    saying how to index."""
-    try:
-        return operator.index(index)  # pyright: ignore[reportArgumentType]
-    except TypeError:
-        pass
+def _not_an_index(index: object, source: RecordSource) -> TypeError:
+    """The TypeError for an index that is neither an int nor a slice, saying how to index."""
     hint = ""
-    if isinstance(index, str) and index in schema:
+    if isinstance(index, str) and index in source.schema:
         hint = (
             f"; for field {index!r} of every record use"
             f" get_batch(range(len(ds)), fields=[{index!r}])[{index!r}], or ds[i][{index!r}]"
         )
-    raise TypeError(
-        f"{where}: record index {index!r:.80} is a {type(index).__name__}"
+    return TypeError(
+        f"{source.path}: record index {index!r:.80} is a {type(index).__name__}"
         f" (expected an int or a slice of ints){hint}"
-    ) from None
+    )
 
 
 def read_cap(value: object = None) -> int:

@@ -110,11 +110,9 @@ def integer_weights(where: str, weights: Sequence[Fraction]) -> tuple[int, ...]:
         raise fail(where, "all weights are zero", [str(w) for w in weights], "a weight > 0")
     used = [w for w in weights if w]
     if max(used) > MAX_WEIGHT_RATIO * min(used):
-        ratio = max(used) / min(used)
-        found = (
-            f"max/min > 2**{math.floor(math.log2(ratio.numerator) - math.log2(ratio.denominator))}"
-        )
-        raise fail(where, "weights too far apart", found, "max/min <= 2**53")
+        ratio = max(used) / min(used)  # exact; its log2 from the integers, never a float
+        power = math.floor(math.log2(ratio.numerator) - math.log2(ratio.denominator))
+        raise fail(where, "weights too far apart", f"max/min > 2**{power}", "max/min <= 2**53")
     scale = math.lcm(*(w.denominator for w in weights))
     ints = [int(w * scale) for w in weights]
     divisor = math.gcd(*ints)

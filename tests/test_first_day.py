@@ -468,3 +468,10 @@ def test_issue12_clear_errors_numpy_ints_are_accepted_and_bools_refused(records)
     for bad in (True, 8.0, "8"):
         with pytest.raises(ConfigError, match="batch_size"):
             Loader(records, bad, config=config)  # pyright: ignore[reportArgumentType]
+
+
+def test_issue11_point6_a_state_error_names_the_source_parameter_that_differs(tokens):
+    config = LoaderConfig(num_epochs=None)
+    saved = Loader(TokenWindows(tokens, "tokens", 8), 4, config=config).state()
+    with pytest.raises(StateError, match=r"source\.seq_len \(8, now 9\)"):
+        Loader(TokenWindows(tokens, "tokens", 9), 4, config=config).restore(saved)

@@ -28,7 +28,7 @@ from roxxel.loader.peek import Decode, PeekRow, peek_step
 from roxxel.loader.steps import Pick, SinglePicker, StepPicker, picker_for
 from roxxel.protocols import MixtureLike
 from roxxel.sampling.mixture import Mixture
-from roxxel.sources.records import fingerprint_of
+from roxxel.sources.records import Records, fingerprint_of
 from roxxel.sources.windows import TokenWindows
 
 __all__ = ["Loader", "LoaderConfig", "host_rng"]
@@ -191,7 +191,7 @@ class Loader:
         self._fingerprint = fingerprint_of(
             {"version": STATE_VERSION, "order": order, "config": options}
         )
-        self._description = _describe(source, order, options)
+        self._description = _describe(source, self._picker, order, options)
         self._prefetcher: Prefetcher | None = None
         self._closed = False
 
@@ -554,9 +554,13 @@ def _check_provenance(picker: StepPicker, source: Any) -> None:
         )
 
 
-def _describe(source: Any, order: Mapping[str, Any], options: Mapping[str, Any]) -> dict:
+def _describe(
+    source: Any, picker: StepPicker, order: Mapping[str, Any], options: Mapping[str, Any]
+) -> dict[str, Any]:
     """What the fingerprint digests, in words (JSON-able): kept in the state beside it."""
     described = {**order, **options}
+    if isinstance(picker, SinglePicker):
+        described |= {f"source.{k}": v for k, v in _source_words(picker.source).items()}
     if isinstance(source, Mixture):
         described |= {
             "names": list(source.names),
@@ -567,6 +571,25 @@ def _describe(source: Any, order: Mapping[str, Any], options: Mapping[str, Any])
             "num_phases": len(source.phases),
         }
     return described
+
+
+def _source_words(source: Any) -> dict[str, Any]:
+    """The parameters of a built-in source, in words (an empty dict for any other)."""
+    if isinstance(source, TokenWindows):
+        return {
+            "dataset": source.dataset.fingerprint,
+            "field": source.field,
+            "seq_len": source.seq_len,
+            "stride": source.stride,
+            "targets": source.targets,
+            "document_structure": source.document_structure,
+            "split_targets": source.split_targets,
+            "dtype": source.dtype.name,
+        }
+    if isinstance(source, Records):
+        layout = {name: [list(shape), dtype.name] for name, (shape, dtype) in source.layout.items()}
+        return {"dataset": source.dataset.fingerprint, "layout": layout}
+    return {}
 
 
 def _resolve_sharding(sharding: Any) -> Any:

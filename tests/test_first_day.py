@@ -170,8 +170,16 @@ def test_issue13_item6_token_windows_cast_to_a_declared_dtype_and_mix(tokens, sh
     cast.read(indices, out_cast)
     np.testing.assert_array_equal(out_cast["tokens"], out_plain["tokens"].astype(np.int32))
     assert out_cast["tokens"].max() >= 60_000
-    batches = _take(Loader(_mixture(tokens, short_tokens), config=LoaderConfig()), 4)
+    mixture = _mixture(tokens, short_tokens)
+    batches = _take(Loader(mixture, config=LoaderConfig(provenance=True)), 4)
     assert all(b["tokens"].dtype == np.int32 for b in batches)
+    for batch in batches:  # each row equals its own source's window, cast
+        for row, (source, record) in enumerate(zip(batch["source"], batch["record"], strict=True)):
+            windows = mixture.sources[int(source)]
+            out = {"tokens": np.zeros((1, 9), windows.dtype)}
+            windows.read(np.array([record]), out)
+            np.testing.assert_array_equal(batch["tokens"][row], out["tokens"][0].astype(np.int32))
+    assert any(b["source"].tolist().count(1) for b in batches)
     unlike = {"a": TokenWindows(tokens, "tokens", 8), "b": plain}
     with pytest.raises(ConfigError, match="mixture sources have different fields"):
         Loader(roxxel.Mixture(unlike, {"a": 1, "b": 1}, batch_size=4))

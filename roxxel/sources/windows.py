@@ -2,8 +2,9 @@
 
 `TokenWindows` is one of the two loader sources built in (`roxxel.sources.records` has the protocol,
 `Records` and `as_source`, and re-exports this class). `WindowBlend` reads the windows of
-several of them, one source per row, in one pass (a mixture batch). Here also live the two
-helpers both sources share: `fingerprint_of` and `merge_ranges` (read-ahead byte ranges).
+several of them, one source per row, in one pass (a mixture batch). Here also live the
+helpers both sources share: `fingerprint_of`, `merge_ranges` (read-ahead byte ranges) and
+`dataset_of` (a dataset or its path).
 No jax, no per-batch state.
 """
 

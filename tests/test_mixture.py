@@ -813,3 +813,12 @@ def test_issue13_item10_mixture_and_phase_reprs_show_sources_weights_batch_and_s
     assert repr(later).endswith("on_exhausted='refill', origin_step=12)")
     many = Mixture(sources, [Phase({"web": 1}, end_step=e) for e in (1, 2, 3, 4, 5)], batch_size=1)
     assert ", ... 2 more]" in repr(many) and len(repr(many)) < 250
+
+
+def test_issue12_item7_interleave_windows_past_the_limit_are_config_errors() -> None:
+    il = Interleave([2, 1], [None, None])
+    sources, draws = il.window(2**62 - 3, 2**62)
+    assert sources.tolist() == [1, 0, 0] and int(draws.max()) < 2**62
+    for start, stop in ((2**62, 2**62 + 3), (2**63, 2**63 + 3), (0, 2**64)):
+        with pytest.raises(ConfigError, match=r"2\*\*62"):
+            il.window(start, stop)

@@ -24,6 +24,8 @@ from fractions import Fraction
 
 import numpy as np
 
+from roxxel.sampling.order import check_count
+
 __all__ = ["Interleave", "PhaseStream", "sort_draws"]
 
 _EXACT_INT64 = 1 << 63
@@ -155,8 +157,12 @@ class Interleave:
         """Sources and draw indices of positions ``[start, stop)``, in stream order.
 
         O(stop - start) vectorized work plus two `counts` calls.
+
+        Raises:
+            ConfigError: a position past `roxxel.sampling.order.MAX_POSITION` (2**62).
         """
-        lo, hi = self.counts(start), self.counts(stop)
+        start = check_count("Interleave: start", start)
+        lo, hi = self.counts(start), self.counts(check_count("Interleave: stop", stop))
         sizes = np.subtract(hi, lo, dtype=np.int64)
         sources = np.repeat(np.arange(len(lo), dtype=np.int64), sizes)
         starts = np.repeat(np.asarray(lo, np.int64) - np.cumsum(sizes) + sizes, sizes)

@@ -28,13 +28,13 @@ from roxxel.loader.peek import Decode, PeekRow, peek_step
 from roxxel.loader.steps import Pick, SinglePicker, StepPicker, picker_for
 from roxxel.protocols import MixtureLike
 from roxxel.sampling.mixture import Mixture
+from roxxel.sampling.order import MAX_POSITION  # step * batch_size stays below (int64 exact)
 from roxxel.sources.records import Records, fingerprint_of
 from roxxel.sources.windows import TokenWindows
 
 __all__ = ["Loader", "LoaderConfig", "host_rng"]
 
 STATE_VERSION = 1
-MAX_POSITION = 1 << 62  # step * batch_size stays below: int64 position arithmetic is exact
 STATE_KEYS = frozenset({"version", "step", "seed", "fingerprint"})
 Batch = dict[str, Any]
 

@@ -354,3 +354,11 @@ def test_issue13_item4_roxxel_plan_prints_the_early_end(plan_dir: Path, capsys) 
     out = capsys.readouterr().out
     assert "source 'web' is exhausted at step 40 (its cap, 124 samples; on_exhausted=stop)" in out
     assert "the mixture ends at step 41, before phase 1 (steps from 100)" in out
+
+
+def test_issue12_clear_errors_a_bad_value_in_a_toml_file_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "mix.toml"
+    path.write_text(TOML.replace("end_step = 10", f"end_step = {2**63 - 1}"))
+    with pytest.raises(ConfigError, match=r"mix\.toml: Mixture: phases\[0\]\.end_step") as info:
+        Mixture.from_toml(path, opener([]))
+    assert info.value.path == str(path)

@@ -49,7 +49,7 @@ def dataset(tmp_path_factory):
 
 def test_issue11_point2_builtin_classes_satisfy_their_protocols_at_run_time(dataset) -> None:
     records, windows = Records(dataset, max_len={"tokens": 8}), TokenWindows(dataset, "tokens", 4)
-    mixture = Mixture({"r": windows, "w": windows.with_seq_len(3)}, {"r": 1, "w": 1}, batch_size=2)
+    mixture = Mixture({"r": records, "w": windows}, {"r": 1, "w": 1}, batch_size=2)
     assert isinstance(records, Source) and isinstance(windows, Source)
     assert isinstance(windows, TokenSource) and isinstance(windows, CountsTokens)
     assert not isinstance(records, CountsTokens)

@@ -181,7 +181,8 @@ class Mixture:
         try:
             return cls(args.sources, args.phases, **args.options)
         except ConfigError as error:
-            raise ConfigError(f"{where}: {error}", rule=error.rule, path=where) from None
+            path = where if base_dir is not None else error.path  # the file, from from_toml
+            raise ConfigError(f"{where}: {error}", rule=error.rule, path=path) from None
 
     def _setup(self, sources, phases, options: _Options, origin: _Origin) -> None:
         self._validate_sources(sources)

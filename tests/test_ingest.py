@@ -18,7 +18,7 @@ from roxxel.ingest.inputs import (
     Input,
     ReadOptions,
     cut_units,
-    detect_format,
+    detect_kind,
     expand_inputs,
     infer_schema,
     locate,
@@ -326,9 +326,9 @@ def test_expand_refuses_missing_inputs(tmp_path, arg, message):
 
 def test_unknown_extension_asks_for_format():
     with pytest.raises(ConfigError, match="pass --format"):
-        detect_format("data.csv")
+        detect_kind("data.csv")
     with pytest.raises(ConfigError, match="--format 'csv'"):
-        expand_inputs(["x"], "csv")  # type: ignore[arg-type]
+        expand_inputs(["x"], "csv")
 
 
 def test_plan_is_deterministic_and_covers_inputs(tmp_path):

@@ -9,6 +9,7 @@ import pytest
 
 import roxxel
 from roxxel.cli import main
+from roxxel.errors import ConfigError
 from roxxel.format.schema import Schema
 from roxxel.ingest import pack as ingest_pack
 from roxxel.ingest.infer import max_record_bytes, project_record
@@ -69,9 +70,12 @@ def test_project_converts_int_lists_exactly_or_leaves_them_to_the_writer():
     got = project_record({"t": [1, 65535], "f": [0.5], "other": 1}, fields)
     assert got["t"].dtype == np.uint16 and got["t"].tolist() == [1, 65535]
     assert set(got) == {"t", "f"}
-    for bad in ([1, 70000], [-1], [1, 2.5], [True, False]):
+    for bad in ([1, 70000], [-1]):
         kept = project_record({"t": bad, "f": []}, fields)["t"]
         assert not (isinstance(kept, np.ndarray) and kept.dtype == np.uint16)
+    for bad in ([1, 2.5], [True, False]):  # refused here, naming the value (issue 12)
+        with pytest.raises(ConfigError, match="field 't'"):
+            project_record({"t": bad, "f": []}, fields)
 
 
 def test_max_record_bytes_bounds_what_the_writer_stores():

@@ -23,13 +23,15 @@ from roxxel.cli.args import (
 from roxxel.format.schema import Schema
 from roxxel.format.writer import parse_compress
 from roxxel.ingest.inputs import (
-    FORMATS,
     BadRecords,
     ReadOptions,
     WorkUnit,
     cut_units,
     expand_inputs,
+    fixed_arrays,
     infer_schema,
+    input_schema,
+    kind_names,
 )
 from roxxel.ingest.pack import (
     PackConfig,
@@ -67,7 +69,7 @@ def add_pack_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="files, directories or globs")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="dataset directory")
-    p.add_argument("--format", choices=FORMATS, help="input format (default: from extension)")
+    p.add_argument("--format", choices=kind_names(), help="input kind (default: from extension)")
     p.add_argument(
         "--field",
         action="append",
@@ -135,6 +137,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError(
             f"--task-index {args.task_index} --num-tasks {args.num_tasks}: expected 0 <= I < T"
         )
+    if args.shuffle_input is not None and args.shuffle_input < 0:
+        raise UsageError(f"--shuffle-input {args.shuffle_input}: expected a seed >= 0")
     if args.workers < 1:
         raise UsageError(f"--workers {args.workers}: expected at least 1")
     if args.field and args.schema:
@@ -148,11 +152,16 @@ def _schema(
         return parse_field_flags(args.field), "from --field"
     if args.schema:
         return read_schema_toml(args.schema), f"from {args.schema}"
+    own = input_schema(units) if args.map is None else None
+    if own is not None:
+        return own, "from the input's own types"
     records = (r for u in units for r, _, _ in mapped_records(u, config, BadRecords(), [0]))
     samples = list(islice(records, SAMPLE_RECORDS))
-    fixed = bool(units) and units[0].pieces[0].format in ("npy", "npz")
     spec = infer_schema(
-        samples, fixed_arrays=fixed, int_dtype=args.int_dtype, float_dtype=args.float_dtype
+        samples,
+        fixed_arrays=fixed_arrays(units),
+        int_dtype=args.int_dtype,
+        float_dtype=args.float_dtype,
     )
     return spec, f"inferred from the first {len(samples)} records"
 
@@ -172,7 +181,10 @@ def _fingerprint(args: argparse.Namespace, units: list[WorkUnit], config: PackCo
 
 
 def _config(args: argparse.Namespace) -> tuple[PackConfig, list[WorkUnit]]:
-    inputs = expand_inputs(args.inputs, args.format)
+    skipped: list[str] = []
+    inputs = expand_inputs(args.inputs, args.format, skipped)
+    for line in skipped if not args.quiet else []:
+        print(f"roxxel: skipped {line}", file=sys.stderr)
     units = shuffle_units(
         cut_units(inputs, args.unit_bytes or args.shard_bytes), args.shuffle_input
     )

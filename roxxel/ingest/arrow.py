@@ -22,6 +22,8 @@ from roxxel.errors import ConfigError
 from roxxel.ingest.units import (
     BadRecords,
     Block,
+    Input,
+    InputKind,
     Piece,
     ReadOptions,
     Record,
@@ -30,9 +32,14 @@ from roxxel.ingest.units import (
 )
 
 __all__ = [
+    "ARROW",
+    "HF",
+    "PARQUET",
     "arrow_pieces",
+    "arrow_schema",
     "hf_files",
     "parquet_pieces",
+    "parquet_schema",
     "read_arrow",
     "read_arrow_blocks",
     "read_parquet",
@@ -64,14 +71,13 @@ def parquet_pieces(path: str, unit_bytes: int) -> list[Piece]:
 
 def read_parquet(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterator[tuple[Record, int]]:
     """Yield one record per row of the piece's row groups, with the row number in the file."""
-    del bad
-    for block in read_parquet_blocks(piece, opts):
+    for block in read_parquet_blocks(piece, opts, bad):
         yield from block.records()
 
 
-def read_parquet_blocks(piece: Piece, opts: ReadOptions) -> Iterator[Block]:
-    """The rows of `read_parquet` as one `Block` per record batch."""
-    del opts
+def read_parquet_blocks(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterator[Block]:
+    """The rows of `read_parquet` as one `Block` per record batch (rows with a null: an
+    error, or skipped and counted in ``bad`` with ``opts.skip_bad``)."""
     pa = _pyarrow()
     reader = pa.parquet.ParquetFile(piece.path)
     meta = reader.metadata
@@ -79,7 +85,7 @@ def read_parquet_blocks(piece: Piece, opts: ReadOptions) -> Iterator[Block]:
     first = sum(meta.row_group(g).num_rows for g in range(piece.start))
     for g in range(piece.start, piece.stop):
         for batch in reader.read_row_group(g).to_batches():
-            yield _batch_block(pa, batch, piece, first)
+            yield from _batch_blocks(pa, batch, piece, first, opts, bad)
             first += batch.num_rows
 
 
@@ -102,14 +108,13 @@ def arrow_pieces(path: str, unit_bytes: int) -> list[Piece]:
 
 def read_arrow(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterator[tuple[Record, int]]:
     """Yield one record per row, with the row number in the file."""
-    del bad
-    for block in read_arrow_blocks(piece, opts):
+    for block in read_arrow_blocks(piece, opts, bad):
         yield from block.records()
 
 
-def read_arrow_blocks(piece: Piece, opts: ReadOptions) -> Iterator[Block]:
-    """The rows of `read_arrow` as one `Block` per record batch."""
-    del opts
+def read_arrow_blocks(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterator[Block]:
+    """The rows of `read_arrow` as one `Block` per record batch (nulls as in
+    `read_parquet_blocks`)."""
     pa = _pyarrow()
     reader = _open_file(pa, piece.path)
     first = 0
@@ -123,26 +128,78 @@ def read_arrow_blocks(piece: Piece, opts: ReadOptions) -> Iterator[Block]:
         first = sum(reader.get_batch(b).num_rows for b in range(piece.start))
         batches = (reader.get_batch(b) for b in range(piece.start, piece.stop))
     for batch in batches:
-        yield _batch_block(pa, batch, piece, first)
+        yield from _batch_blocks(pa, batch, piece, first, opts, bad)
         first += batch.num_rows
 
 
+def _batch_blocks(
+    pa: ModuleType, batch: Any, piece: Piece, first: int, opts: ReadOptions, bad: BadRecords
+) -> Iterator[Block]:
+    """A record batch as blocks: one, or with ``opts.skip_bad`` one per run of rows
+    without a null (each skipped row counted in ``bad``). Raises ConfigError naming the
+    file, field and row of the first null otherwise."""
+    names, columns = batch.schema.names, batch.columns
+    nulls = {name: _null_rows(pa, col) for name, col in zip(names, columns, strict=True)}
+    nulls = {name: rows for name, rows in nulls.items() if rows is not None}
+    if not nulls:
+        yield _batch_block(pa, batch, piece, first)
+        return
+    any_null = np.logical_or.reduce(list(nulls.values()))
+    if not opts.skip_bad:
+        row = int(np.argmax(any_null))
+        name = next(n for n, rows in nulls.items() if rows[row])
+        raise ConfigError(
+            f"{piece.path}: field {name!r}: row {first + row}: null (expected a value in "
+            f"every row)",
+            path=piece.path,
+            offset=first + row,
+        )
+    for row in np.flatnonzero(any_null).tolist():
+        bad.add(f"{piece.path}: row {first + row}: null (expected a value in every row)")
+    edges = np.flatnonzero(np.diff(np.concatenate([[1], any_null, [1]]).astype(np.int8)))
+    for start, stop in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):
+        yield _batch_block(pa, batch.slice(start, stop - start), piece, first + start)
+
+
+def _null_rows(pa: ModuleType, col: Any) -> np.ndarray | None:
+    """Which rows of a column hold a null, themselves or in their list; None when none."""
+    rows = col.is_null().to_numpy(zero_copy_only=False) if col.null_count else None
+    types, t = pa.types, col.type
+    if types.is_list(t) or types.is_large_list(t) or types.is_fixed_size_list(t):
+        values = col.values  # the whole child, without the slice's offset
+        if values.null_count:
+            inner = values.is_null().to_numpy(zero_copy_only=False)
+            if types.is_fixed_size_list(t):
+                size, at = t.list_size, col.offset * t.list_size
+                in_list = inner[at : at + len(col) * size].reshape(len(col), size).any(axis=1)
+            else:
+                counts = np.concatenate([[0], np.cumsum(inner)])
+                offsets = col.offsets.to_numpy()
+                in_list = counts[offsets[1:]] > counts[offsets[:-1]]
+            rows = in_list if rows is None else rows | in_list
+    return rows
+
+
 def _batch_block(pa: ModuleType, batch: Any, piece: Piece, first: int) -> Block:
-    """A record batch as a `Block`: lists of numbers as their values and lengths, numbers
-    as arrays, any other column as `_column`'s per-row values."""
+    """A record batch (without nulls) as a `Block`: lists of numbers as their values and
+    lengths, numbers and fixed-size lists as arrays, any other column as `_column`'s
+    per-row values."""
     columns: dict[str, Any] = {}
     lengths: dict[str, np.ndarray] = {}
     for i, name in enumerate(batch.schema.names):
         col = batch.column(i)
         if _is_number_list(pa, col):
-            _check_nulls(col, f"{piece.path}: field {name!r}", first)
             offsets = col.offsets.to_numpy()
             flat = col.values.to_numpy(zero_copy_only=False)
             columns[name] = flat[int(offsets[0]) : int(offsets[-1])]
             lengths[name] = np.diff(offsets)
         else:
-            columns[name] = _column(pa, col, f"{piece.path}: field {name!r}", first)
+            columns[name] = _column(pa, col, f"{piece.path}: field {name!r}")
     return Block(piece, first, columns, lengths)
+
+
+def _is_number(pa: ModuleType, t: Any) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
 
 
 def _is_number_list(pa: ModuleType, col: Any) -> bool:
@@ -153,18 +210,31 @@ def _is_number_list(pa: ModuleType, col: Any) -> bool:
     return (types.is_integer(child) or types.is_floating(child)) and col.values.null_count == 0
 
 
-def _check_nulls(col: Any, where: str, first: int) -> None:
-    if col.null_count:
-        row = first + int(np.argmax(col.is_null().to_numpy(zero_copy_only=False)))
-        raise ConfigError(f"{where}: row {row}: null (expected a value in every row)")
+def _leaf(pa: ModuleType, t: Any) -> Any:
+    """The element type under any nesting of lists."""
+    while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        t = t.value_type
+    return t
 
 
-def _column(pa: ModuleType, col: Any, where: str, first: int) -> Any:
-    """Per-row values of one column: numpy scalars, 1-D views, str or bytes."""
+def _fixed_rows(pa: ModuleType, col: Any) -> np.ndarray | None:
+    """A column of (nested) fixed-size lists of numbers as one (rows, *dims) array of the
+    element type, or None for any other column."""
+    dims, values = [], col
+    while pa.types.is_fixed_size_list(values.type):
+        dims.append(values.type.list_size)
+        values = values.flatten()  # honours the slice's offset
+    if not dims or not _is_number(pa, values.type):
+        return None
+    return values.to_numpy(zero_copy_only=False).reshape(len(col), *dims)
+
+
+def _column(pa: ModuleType, col: Any, where: str) -> Any:
+    """Per-row values of one column without nulls: numpy scalars or rows of one array,
+    1-D views, arrays of the element type, str or bytes."""
     t = col.type
-    _check_nulls(col, where, first)
     types = pa.types
-    if types.is_integer(t) or types.is_floating(t) or types.is_boolean(t):
+    if _is_number(pa, t):
         return col.to_numpy(zero_copy_only=False)
     if (
         types.is_string(t)
@@ -177,11 +247,92 @@ def _column(pa: ModuleType, col: Any, where: str, first: int) -> Any:
         offsets = col.offsets.to_numpy()
         flat = col.values.to_numpy(zero_copy_only=False)
         return [flat[a:b] for a, b in itertools.pairwise(offsets.tolist())]
-    if types.is_list(t) or types.is_large_list(t) or types.is_fixed_size_list(t):
-        return [np.asarray(v) for v in col.to_pylist()]
+    fixed = _fixed_rows(pa, col)
+    if fixed is not None:
+        return fixed
+    leaf = _leaf(pa, t)
+    if _is_number(pa, leaf):  # lists of lists: each row as an array of the element type
+        dtype = np.dtype(leaf.to_pandas_dtype())
+        return [np.asarray(v, dtype) for v in col.to_pylist()]
     raise ConfigError(
         f"{where}: Arrow type {t} (expected numbers, lists of numbers, string or binary)"
     )
+
+
+def _spec(pa: ModuleType, t: Any) -> str | None:
+    """The roxxel field spec that holds an Arrow type exactly, or None.
+
+    list<T> -> ``T[]``, fixed_size_list<T, k> -> ``T[k]``, nested fixed-size lists ->
+    ``T[k1,k2]``, list<fixed_size_list<T, k>> -> ``T[,k]``.
+    """
+    types = pa.types
+    if types.is_string(t) or types.is_large_string(t):
+        return "str"
+    if types.is_binary(t) or types.is_large_binary(t):
+        return "bytes"
+    dims: list[str] = []
+    if types.is_list(t) or types.is_large_list(t):
+        dims, t = [""], t.value_type
+    while types.is_fixed_size_list(t):
+        dims, t = [*dims, str(t.list_size)], t.value_type
+    if not _is_number(pa, t):
+        return None
+    dtype = np.dtype(t.to_pandas_dtype()).name
+    return f"{dtype}[{','.join(dims)}]" if dims else dtype
+
+
+_HF_ARRAY = "ARROW:extension:name"
+
+
+def _hf_array_spec(field: Any) -> str | None:
+    """An HF ``ArrayND`` feature's spec from its extension metadata (shape and dtype), as
+    written by ``datasets`` (stored as nested lists, read here without ``datasets``)."""
+    meta = field.metadata or {}
+    name = meta.get(_HF_ARRAY.encode(), b"").decode("utf-8", "replace")
+    if not (name.startswith("datasets.") and name.endswith("DExtensionType")):
+        return None
+    try:
+        shape, dtype = json.loads(meta[b"ARROW:extension:metadata"])
+        dims = ["" if d is None else str(int(d)) for d in shape]
+    except (KeyError, ValueError, TypeError):
+        return None
+    return f"{dtype}[{','.join(dims)}]"
+
+
+def parquet_schema(path: str) -> dict[str, str] | None:
+    """``{name: spec}`` from a Parquet file's own schema (see `arrow_schema`)."""
+    pa = _pyarrow()
+    try:
+        return _specs(pa, pa.parquet.read_schema(path))
+    except (pa.ArrowException, OSError):
+        return None
+
+
+def arrow_schema(path: str) -> dict[str, str] | None:
+    """``{name: spec}`` from an Arrow file's or stream's own schema, types kept exactly (a
+    float32 column is ``float32``, a fixed-size list ``float32[4]``); None when a column has
+    a type no spec holds (the records are then sampled, and the error names the field)."""
+    pa = _pyarrow()
+    try:
+        reader = _open_file(pa, path)
+        return _specs(pa, reader.schema if reader is not None else _stream_schema(pa, path))
+    except (pa.ArrowException, OSError):
+        return None
+
+
+def _specs(pa: ModuleType, schema: Any) -> dict[str, str] | None:
+    spec: dict[str, str] = {}
+    for field in schema:
+        found = _hf_array_spec(field) or _spec(pa, field.type)
+        if found is None:
+            return None
+        spec[field.name] = found
+    return spec
+
+
+def _stream_schema(pa: ModuleType, path: str) -> Any:
+    with pa.ipc.open_stream(pa.memory_map(path)) as reader:
+        return reader.schema
 
 
 def hf_files(directory: str) -> list[str]:
@@ -206,3 +357,43 @@ def hf_files(directory: str) -> list[str]:
             f".flatten_indices() before save_to_disk)"
         )
     return files
+
+
+def is_hf_dir(path: str) -> bool:
+    """Whether a directory is a ``save_to_disk`` dataset (or a DatasetDict of them)."""
+    return any(os.path.exists(os.path.join(path, n)) for n in ("state.json", "dataset_dict.json"))
+
+
+def hf_inputs(path: str) -> list[Input]:
+    """An HF dataset directory's Arrow files; a file given as ``hf`` is one Arrow input."""
+    if os.path.isdir(path):
+        return [Input(f, "arrow") for f in hf_files(path)]
+    return [Input(path, "arrow")]
+
+
+PARQUET = InputKind(
+    "parquet",
+    (".parquet", ".pq"),
+    parquet_pieces,
+    read_parquet,
+    read_parquet_blocks,
+    schema=parquet_schema,
+)
+ARROW = InputKind(
+    "arrow",
+    (".arrow", ".feather", ".ipc"),
+    arrow_pieces,
+    read_arrow,
+    read_arrow_blocks,
+    schema=arrow_schema,
+)
+HF = InputKind(
+    "hf",
+    (),
+    arrow_pieces,
+    read_arrow,
+    read_arrow_blocks,
+    resolve=hf_inputs,
+    claims_directory=is_hf_dir,
+    schema=arrow_schema,
+)

@@ -38,6 +38,7 @@ class _Guess:
     dtype: str  # numpy dtype name, "" when unknown (empty list)
     shape: tuple[int, ...]
     from_python: bool  # built from Python numbers: the dtype may widen (int + float)
+    negative: bool = False  # a Python number below zero
 
 
 def _ambiguous(name: str, why: str) -> ConfigError:
@@ -47,9 +48,32 @@ def _ambiguous(name: str, why: str) -> ConfigError:
     )
 
 
-def _python_dtype(array: np.ndarray, int_dtype: str, float_dtype: str) -> str:
-    kind = array.dtype.kind
-    return {"b": "bool", "i": int_dtype, "u": int_dtype, "f": float_dtype}.get(kind, "")
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+_UINT64_MAX = (1 << 64) - 1
+
+
+def _python_dtype(name: str, leaves: list[Any], int_dtype: str, float_dtype: str) -> str:
+    """The dtype of Python numbers: ``bool``; ints as ``int_dtype``, or ``uint64`` when one
+    is in [2**63, 2**64); floats (ints among them) as ``float_dtype``. Raises ConfigError
+    for an integer no 64-bit type holds, and for an integral float beyond 2**63 among ints
+    (a JSON integer that a parser turned into a float)."""
+    kinds = {type(v) for v in leaves}
+    if kinds == {bool}:
+        return "bool"
+    if bool in kinds or not kinds <= {int, float}:
+        raise _ambiguous(name, f"values of types {sorted(k.__name__ for k in kinds)}")
+    ints = [v for v in leaves if type(v) is int]
+    if ints and (min(ints) < _INT64[0] or max(ints) > _UINT64_MAX):
+        bad = min(ints) if min(ints) < _INT64[0] else max(ints)
+        raise ConfigError(
+            f"schema inference: field {name!r} value {bad} does not fit a 64-bit integer "
+            f"(expected int64 or uint64 values)"
+        )
+    if float in kinds:
+        if ints and any(abs(v) >= 2.0**63 and v == int(v) for v in leaves if type(v) is float):
+            raise _ambiguous(name, "ints mixed with integral floats beyond 2**63")
+        return float_dtype
+    return "uint64" if ints and max(ints) > _INT64[1] else int_dtype
 
 
 def _guess(name: str, value: Any, int_dtype: str, float_dtype: str) -> _Guess:
@@ -59,13 +83,15 @@ def _guess(name: str, value: Any, int_dtype: str, float_dtype: str) -> _Guess:
         return _Guess("bytes", "", (), False)
     if isinstance(value, bool | int | float | list):
         try:
-            array = np.asarray(value)
+            objects = np.asarray(value, dtype=object)  # exact Python numbers, any size
+            shape, leaves = objects.shape, objects.ravel().tolist()
+            if any(isinstance(v, list) for v in leaves):
+                raise ValueError
         except ValueError:
             raise _ambiguous(name, "ragged nested lists") from None
-        dtype = _python_dtype(array, int_dtype, float_dtype) if array.size else ""
-        if array.size and not dtype:
-            raise _ambiguous(name, f"a list of {array.dtype} values")
-        return _Guess("array", dtype, array.shape, True)
+        dtype = _python_dtype(name, leaves, int_dtype, float_dtype) if leaves else ""
+        negative = any(type(v) is not bool and v < 0 for v in leaves)
+        return _Guess("array", dtype, shape, True, negative)
     if isinstance(value, np.ndarray | np.generic):
         if value.dtype.kind not in "biuf":
             raise _ambiguous(name, f"numpy dtype {value.dtype}")
@@ -80,7 +106,11 @@ def _merge_dtype(name: str, guesses: list[_Guess]) -> str:
     if len(dtypes) == 1:
         return dtypes.pop()
     if all(g.from_python for g in guesses) and "bool" not in dtypes:
-        return max(dtypes, key=lambda d: np.dtype(d).kind == "f")  # ints mixed with floats
+        floats = [d for d in dtypes if np.dtype(d).kind == "f"]
+        if floats:
+            return floats[0]  # ints mixed with floats
+        if "uint64" in dtypes and not any(g.negative for g in guesses):
+            return "uint64"  # non-negative ints, some beyond int64
     raise _ambiguous(name, f"dtypes {sorted(dtypes)}")
 
 
@@ -148,17 +178,42 @@ def infer_schema(
 
 
 def project_record(record: Record, fields: dict[str, Field]) -> Record:
-    """The schema's fields of a record (others are ignored; a missing one fails in the
-    writer). An empty list has no dtype of its own, so it gets the field's."""
+    """The schema's fields of a record (others are ignored). An empty list has no dtype of
+    its own, so it gets the field's. Raises ConfigError naming a missing field and the
+    fields the record has (a misspelt ``--field`` shows at once)."""
     out = {}
     for name, field_ in fields.items():
         if name not in record:
-            continue
+            raise ConfigError(
+                f"field {name!r} missing from the record (its fields: {sorted(record)}, "
+                f"expected every schema field)"
+            )
         value = record[name]
         if isinstance(value, list) and field_.kind == "array":
             value = _list_array(value, field_)
+        elif type(value) is bool or type(value) is int:
+            _check_python_number(value, field_)
         out[name] = value
     return out
+
+
+def _check_python_number(value: int, field_: Field) -> None:
+    """Refuse a JSON ``true``/``false`` for a number field, and name an integer that does
+    not fit the field's integer dtype (numpy would make an object or float array of it)."""
+    dtype = field_.dtype
+    if field_.kind != "array" or dtype.kind == "b":
+        return
+    if type(value) is bool:
+        raise ConfigError(
+            f"field {field_.name!r}: JSON {str(value).lower()} (expected a number: {field_.spec})"
+        )
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if not info.min <= value <= info.max:
+            raise ConfigError(
+                f"field {field_.name!r}: value {value} does not fit {dtype.name} "
+                f"(expected {info.min}..{info.max})"
+            )
 
 
 def _list_array(value: list[Any], field_: Field) -> Any:
@@ -177,6 +232,18 @@ def _list_array(value: list[Any], field_: Field) -> Any:
     except ValueError as e:  # ragged nested lists
         raise ConfigError(f"field {field_.name!r}: {e} (expected {field_.spec})") from None
     target = field_.dtype
+    if array.dtype.kind == "b" and target.kind != "b":
+        raise ConfigError(
+            f"field {field_.name!r}: JSON true/false (expected numbers: {field_.spec})"
+        )
+    if array.dtype.kind == "f" and target.kind in "iu":
+        fraction = array != np.round(array)
+        at = np.argmax(fraction) if fraction.any() else np.argmax(np.abs(array))
+        bad = array.flat[int(at)]
+        raise ConfigError(
+            f"field {field_.name!r}: value {bad} does not fit {target.name} (a float, or "
+            f"a JSON integer beyond 64 bits; expected {field_.spec})"
+        )
     if array.dtype.kind in "iu" and target.kind in "iu":
         info = np.iinfo(target)
         if info.min <= array.min() and array.max() <= info.max:

@@ -1,38 +1,35 @@
 """Input readers for ``roxxel pack``: find inputs, cut them into work units, read records.
 
-Formats: JSON Lines, plain text (a document per line or per file), ``.npy``/``.npz``,
-Parquet, Arrow IPC/Feather, Hugging Face ``save_to_disk`` directories, Megatron
-``.bin/.idx`` pairs. Each reader yields ``(record, key)``; ``locate(piece, key)`` names the
-file and line or row for error messages. Planning is deterministic: the same inputs and
-``unit_bytes`` give the same units, which is what lets a pack resume or split into tasks.
+Input kinds (see `roxxel.ingest.registry`): JSON Lines, plain text (a document per line or
+per file), ``.npy``/``.npz``, Parquet, Arrow IPC/Feather, Hugging Face ``save_to_disk``
+directories, Megatron ``.bin/.idx`` pairs. Each reader yields ``(record, key)``;
+``locate(piece, key)`` names the file and line or row for error messages. Planning is
+deterministic: the same inputs and ``unit_bytes`` give the same units, which is what lets a
+pack resume or split into tasks.
 """
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+import stat
+from collections.abc import Iterator
 
 from roxxel.errors import ConfigError
-from roxxel.ingest.arrow import (
-    arrow_pieces,
-    hf_files,
-    parquet_pieces,
-    read_arrow,
-    read_arrow_blocks,
-    read_parquet,
-    read_parquet_blocks,
-)
 from roxxel.ingest.infer import infer_schema
-from roxxel.ingest.megatron import idx_path, megatron_pieces, read_megatron, read_megatron_blocks
-from roxxel.ingest.npy import npy_pieces, npz_pieces, read_npy, read_npy_blocks, read_npz
-from roxxel.ingest.text import line_location, line_pieces, read_jsonl, read_text, read_text_file
+from roxxel.ingest.registry import (
+    directory_kind,
+    get_kind,
+    kind_names,
+    kind_of_path,
+    known_extensions,
+)
 from roxxel.ingest.units import (
-    FORMATS,
     BadRecords,
     Block,
-    Format,
+    Input,
+    InputKind,
     Piece,
     ReadOptions,
     Record,
@@ -41,154 +38,133 @@ from roxxel.ingest.units import (
 )
 
 __all__ = [
-    "FORMATS",
     "BadRecords",
     "Block",
-    "Format",
     "Input",
+    "InputKind",
     "Piece",
     "ReadOptions",
     "Record",
     "WorkUnit",
     "cut_units",
-    "detect_format",
+    "detect_kind",
     "expand_inputs",
+    "fixed_arrays",
     "infer_schema",
+    "input_schema",
+    "kind_names",
     "locate",
     "read_unit",
     "read_unit_blocks",
 ]
 
-EXTENSIONS: dict[str, Format] = {
-    ".jsonl": "jsonl",
-    ".ndjson": "jsonl",
-    ".txt": "text",
-    ".npy": "npy",
-    ".npz": "npz",
-    ".parquet": "parquet",
-    ".pq": "parquet",
-    ".arrow": "arrow",
-    ".feather": "arrow",
-    ".ipc": "arrow",
-    ".bin": "megatron",
-    ".idx": "megatron",
-}
 
-Reader = Callable[[Piece, ReadOptions, BadRecords], Iterator[tuple[Record, int]]]
-READERS: dict[str, Reader] = {
-    "jsonl": read_jsonl,
-    "text": read_text,
-    "text-file": read_text_file,
-    "npy": read_npy,
-    "npz": read_npz,
-    "parquet": read_parquet,
-    "arrow": read_arrow,
-    "megatron": read_megatron,
-}
+def detect_kind(path: str) -> str:
+    """The input kind of a file from its extension.
 
-BLOCK_READERS: dict[str, Callable[[Piece, ReadOptions], Iterator[Block]]] = {
-    "npy": read_npy_blocks,
-    "megatron": read_megatron_blocks,
-    "parquet": read_parquet_blocks,
-    "arrow": read_arrow_blocks,
-}
-
-
-@dataclass(frozen=True, slots=True)
-class Input:
-    """One input file and its format (an HF directory expands to its Arrow files)."""
-
-    path: str
-    format: Format
-
-
-def detect_format(path: str) -> Format:
-    """The format of a file from its extension.
-
-    >>> detect_format("corpus/part-0.jsonl")
+    >>> detect_kind("corpus/part-0.jsonl")
     'jsonl'
     """
-    ext = os.path.splitext(path)[1].lower()
-    if ext not in EXTENSIONS:
+    kind = kind_of_path(path)
+    if kind is None:
+        ext = os.path.splitext(path)[1].lower()
         raise ConfigError(
             f"{path}: unknown input extension {ext!r} (expected one of "
-            f"{sorted(EXTENSIONS)}, or pass --format)"
+            f"{known_extensions()}, or pass --format)",
+            path=path,
         )
-    return EXTENSIONS[ext]
+    return kind.name
 
 
-def _is_hf_dir(path: str) -> bool:
-    return any(os.path.exists(os.path.join(path, n)) for n in ("state.json", "dataset_dict.json"))
+_NOT_REGULAR = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
-def _walk(directory: str, fmt: Format | None) -> list[str]:
+def _not_regular(path: str) -> str | None:
+    """Why ``path`` is not a regular file or a directory (following symlinks), or None."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a symlink loop"
+        return "a dangling symlink" if os.path.islink(path) else f"unreadable ({e.strerror})"
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return next((what for test, what in _NOT_REGULAR if test(mode)), "not a regular file")
+
+
+def _walk(directory: str, kind: InputKind | None, skipped: list[str]) -> list[str]:
+    """Regular files under ``directory`` (sorted; hidden names left out) that ``kind``, or
+    their extension, selects; what else was passed over goes to ``skipped``."""
     found: list[str] = []
     for root, dirs, files in os.walk(directory):
+        for name in sorted(d for d in dirs if os.path.islink(os.path.join(root, d))):
+            skipped.append(f"{os.path.join(root, name)}: a symlink to a directory, not followed")
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(files):
-            if name.startswith("."):
+            path = os.path.join(root, name)
+            if name.startswith(".") or (kind is None and kind_of_path(name) is None):
                 continue
-            if fmt is not None or os.path.splitext(name)[1].lower() in EXTENSIONS:
-                found.append(os.path.join(root, name))
+            why = _not_regular(path)
+            if why is None:
+                found.append(path)
+            else:
+                skipped.append(f"{path}: {why} (expected a regular file)")
     return found
 
 
-def _expand_one(arg: str, fmt: Format | None) -> list[Input]:
+def _expand_one(arg: str, kind: InputKind | None, skipped: list[str]) -> list[Input]:
+    why = _not_regular(arg)
+    if why == "a symlink loop":
+        raise ConfigError(f"{arg}: a symlink loop (expected a file or directory)", path=arg)
     if os.path.isdir(arg):
-        if fmt == "hf" or (fmt is None and _is_hf_dir(arg)):
-            return [Input(f, "arrow") for f in hf_files(arg)]
-        return [i for f in _walk(arg, fmt) for i in _expand_one(f, fmt)]
-    if not os.path.exists(arg):
+        claimed = kind if kind is not None and kind.claims_directory else None
+        claimed = claimed or (directory_kind(arg) if kind is None else None)
+        if claimed is not None:
+            return claimed.inputs(arg)
+        return [i for f in _walk(arg, kind, skipped) for i in _expand_one(f, kind, skipped)]
+    if not os.path.lexists(arg):
         if glob.has_magic(arg):
             matches = sorted(glob.glob(arg, recursive=True))
             if not matches:
                 raise ConfigError(f"{arg}: glob matches nothing (expected at least one input)")
-            return [i for m in matches for i in _expand_one(m, fmt)]
+            return [i for m in matches for i in _expand_one(m, kind, skipped)]
         raise ConfigError(f"{arg}: no such file or directory (expected an input path or glob)")
-    chosen: Format = "arrow" if fmt == "hf" else fmt or detect_format(arg)
-    if chosen == "megatron":
-        bin_path = arg[: -len(".idx")] + ".bin" if arg.endswith(".idx") else arg
-        for p in (bin_path, idx_path(bin_path)):
-            if not os.path.isfile(p):
-                raise ConfigError(f"{p}: missing (expected a Megatron .bin/.idx pair)")
-        return [Input(bin_path, "megatron")]
-    return [Input(arg, chosen)]
+    if why is not None:
+        raise ConfigError(f"{arg}: {why} (expected a regular file)", path=arg)
+    return (kind or get_kind(detect_kind(arg))).inputs(arg)
 
 
-def expand_inputs(args: list[str], fmt: Format | None = None) -> list[Input]:
+def expand_inputs(
+    args: list[str], kind: str | None = None, skipped: list[str] | None = None
+) -> list[Input]:
     """Resolve files, directories (walked in sorted order) and globs to inputs.
 
-    Duplicates keep their first place. Raises ConfigError for a missing path, an empty
-    glob, an unknown extension (without ``fmt``), or when nothing is found.
+    Duplicates keep their first place. Only regular files are read: a FIFO, a device or a
+    symlink loop found in a directory is passed over and described in ``skipped`` (when
+    given); one named explicitly raises ConfigError. Raises ConfigError for a missing path,
+    an empty glob, an unknown extension (without ``kind``), or when nothing is found.
     """
-    if fmt is not None and fmt not in FORMATS:
-        raise ConfigError(f"--format {fmt!r} (expected one of {list(FORMATS)})")
+    chosen = None if kind is None else get_kind(kind)
+    passed_over = [] if skipped is None else skipped
     seen: dict[Input, None] = {}
     for arg in args:
-        for item in _expand_one(arg, fmt):
+        for item in _expand_one(arg, chosen, passed_over):
             seen.setdefault(item, None)
     if not seen:
         raise ConfigError(f"inputs {args}: no input files found (expected known extensions)")
     return list(seen)
 
 
-_PIECES: dict[str, Callable[[str, int], list[Piece]]] = {
-    "jsonl": lambda p, u: line_pieces(p, "jsonl", u),
-    "text": lambda p, u: line_pieces(p, "text", u),
-    "text-file": lambda p, u: [Piece(p, "text-file", 0, 1, os.path.getsize(p))],
-    "npy": npy_pieces,
-    "npz": npz_pieces,
-    "parquet": parquet_pieces,
-    "arrow": arrow_pieces,
-    "megatron": megatron_pieces,
-}
-
-
 def cut_units(inputs: list[Input], unit_bytes: int) -> list[WorkUnit]:
     """Cut inputs into work units of about ``unit_bytes`` input bytes, in input order."""
     if unit_bytes <= 0:
         raise ConfigError(f"unit bytes {unit_bytes} (expected > 0)")
-    pieces = [p for i in inputs for p in _PIECES[i.format](i.path, unit_bytes)]
+    pieces = [p for i in inputs for p in get_kind(i.kind).cut(i.path, unit_bytes)]
     return group_pieces(pieces, unit_bytes)
 
 
@@ -197,15 +173,21 @@ def read_unit(
 ) -> Iterator[tuple[Record, Piece, int]]:
     """Every record of a unit in order, with its piece and key (see ``locate``)."""
     for piece in unit.pieces:
-        for record, key in READERS[piece.format](piece, opts, bad):
+        for record, key in get_kind(piece.kind).read(piece, opts, bad):
             yield record, piece, key
 
 
-def read_unit_blocks(unit: WorkUnit, opts: ReadOptions) -> Iterator[Block] | None:
-    """A unit's records as `Block` s, when every piece's format has a block reader."""
-    if not all(p.format in BLOCK_READERS for p in unit.pieces):
+def read_unit_blocks(unit: WorkUnit, opts: ReadOptions, bad: BadRecords) -> Iterator[Block] | None:
+    """A unit's records as `Block` s, when every piece's kind has a block reader."""
+    readers = [get_kind(p.kind).read_blocks for p in unit.pieces]
+    if any(r is None for r in readers):
         return None
-    return (block for p in unit.pieces for block in BLOCK_READERS[p.format](p, opts))
+    return (
+        block
+        for piece, read in zip(unit.pieces, readers, strict=True)
+        if read is not None
+        for block in read(piece, opts, bad)
+    )
 
 
 def locate(piece: Piece, key: int) -> str:
@@ -213,10 +195,19 @@ def locate(piece: Piece, key: int) -> str:
 
     Line numbers cost a scan of the file up to the line: call this only on error.
     """
-    if piece.format in ("jsonl", "text"):
-        return line_location(piece.path, key)
-    if piece.format == "text-file":
-        return piece.path
-    if piece.format == "megatron":
-        return f"{piece.path}: sequence {key}"
-    return f"{piece.path}: row {key}"
+    return get_kind(piece.kind).locate(piece, key)
+
+
+def fixed_arrays(units: list[WorkUnit]) -> bool:
+    """Whether the records are rows of arrays (equal shapes are then fixed shapes)."""
+    return bool(units) and get_kind(units[0].pieces[0].kind).fixed_arrays
+
+
+def input_schema(units: list[WorkUnit]) -> dict[str, str] | None:
+    """The schema the first input declares itself (Parquet, Arrow: types kept exactly), or
+    None when its kind has none (its records are then sampled)."""
+    if not units:
+        return None
+    piece = units[0].pieces[0]
+    read_schema = get_kind(piece.kind).schema
+    return None if read_schema is None else read_schema(piece.path)

@@ -23,6 +23,8 @@ from roxxel.ingest.units import (
     BLOCK_BYTES,
     BadRecords,
     Block,
+    Input,
+    InputKind,
     Piece,
     RangeReader,
     ReadOptions,
@@ -32,6 +34,7 @@ from roxxel.ingest.units import (
 )
 
 __all__ = [
+    "MEGATRON",
     "MegatronIndex",
     "megatron_pieces",
     "read_megatron",
@@ -117,15 +120,21 @@ def _read_index(bin_path: str, stamps: tuple) -> MegatronIndex:
 
 
 def _check_sequences(bin_path: str, index: MegatronIndex) -> None:
+    """Every sequence an aligned range inside ``.bin``. No sum can wrap: a pointer is
+    compared with the size before a length (< 2**31 elements) is added to it."""
     item = index.dtype.itemsize
     size = os.path.getsize(bin_path)
-    ends = index.pointers + index.lengths.astype(np.int64) * item
-    bad = (index.lengths < 0) | (index.pointers < 0) | (index.pointers % item != 0) | (ends > size)
+    pointers = index.pointers
+    inside = (pointers >= 0) & (pointers <= size)
+    ends = np.where(inside, pointers, 0) + index.lengths.astype(np.int64) * item
+    bad = (index.lengths < 0) | ~inside | (pointers % item != 0) | (ends > size)
     if bad.any():
         i = int(np.argmax(bad))
         raise ConfigError(
             f"{bin_path}: sequence {i}: pointer {int(index.pointers[i])}, length "
-            f"{int(index.lengths[i])} (expected an {item}-byte aligned range inside {size} bytes)"
+            f"{int(index.lengths[i])} (expected an {item}-byte aligned range inside {size} bytes)",
+            path=bin_path,
+            offset=i,
         )
     docs = index.document_indices
     n = len(index.lengths)
@@ -134,6 +143,15 @@ def _check_sequences(bin_path: str, index: MegatronIndex) -> None:
             f"{idx_path(bin_path)}: document indices not increasing within [0, {n}] "
             f"(expected sequence boundaries)"
         )
+
+
+def megatron_inputs(path: str) -> list[Input]:
+    """The pair a ``.bin`` or ``.idx`` path names, as one input (its ``.bin``)."""
+    bin_path = path[: -len(".idx")] + ".bin" if path.endswith(".idx") else path
+    for p in (bin_path, idx_path(bin_path)):
+        if not os.path.isfile(p):
+            raise ConfigError(f"{p}: missing (expected a Megatron .bin/.idx pair)", path=p)
+    return [Input(bin_path, "megatron")]
 
 
 def megatron_pieces(bin_path: str, unit_bytes: int) -> list[Piece]:
@@ -160,10 +178,11 @@ def read_megatron(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterator[
         yield {name: tokens[start : start + int(index.lengths[i])]}, i
 
 
-def read_megatron_blocks(piece: Piece, opts: ReadOptions) -> Iterator[Block]:
+def read_megatron_blocks(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterator[Block]:
     """The sequences of `read_megatron` as blocks of about `BLOCK_BYTES`, read into one
     reused buffer where the block's sequences lie back to back in ``.bin`` (the usual case),
     else gathered from its mapping."""
+    del bad  # a bad index is never skipped
     index, tokens = _open(piece)
     name = opts.field_for("tokens")
     item = index.dtype.itemsize
@@ -185,3 +204,18 @@ def read_megatron_blocks(piece: Piece, opts: ReadOptions) -> Iterator[Block]:
                 )
             yield Block(piece, piece.start + at, {name: values}, {name: lens})
             at = stop
+
+
+def _locate_sequence(piece: Piece, key: int) -> str:
+    return f"{piece.path}: sequence {key}"
+
+
+MEGATRON = InputKind(
+    "megatron",
+    (".bin", ".idx"),
+    megatron_pieces,
+    read_megatron,
+    read_megatron_blocks,
+    locate=_locate_sequence,
+    resolve=megatron_inputs,
+)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from roxxel.errors import ConfigError
+from roxxel.errors import ConfigError, check_int
 from roxxel.format.manifest import ShardInfo
 from roxxel.format.schema import Ragged, Schema
 from roxxel.format.writer import ShardWriter
@@ -157,7 +157,7 @@ def _apply_map(
     for record, piece, key in records:
         try:
             out = fn(record)
-        except Exception as e:  # the user's code: report where, do not hide what
+        except (Exception, SystemExit) as e:  # the user's code: report where, hide nothing
             raise ConfigError(
                 f"{locate(piece, key)}: --map {spec} raised {type(e).__name__}: {e}"
             ) from e
@@ -326,7 +326,7 @@ def pack_unit(config: PackConfig, unit: WorkUnit) -> UnitResult:
     writer = _UnitWriter(config, unit.index, bad)
     try:
         records_only = config.map_spec is not None or config.shuffle_seed is not None
-        blocks = None if records_only else read_unit_blocks(unit, config.read)
+        blocks = None if records_only else read_unit_blocks(unit, config.read, bad)
         if blocks is not None:
             for block in blocks:
                 writer.write_block(block)
@@ -366,5 +366,6 @@ def shuffle_units(units: list[WorkUnit], seed: int | None) -> list[WorkUnit]:
     """Units renumbered in a seeded order (their index is their place in the dataset)."""
     if seed is None:
         return units
+    check_int("--shuffle-input", seed, low=0)
     order = np.random.default_rng([seed]).permutation(len(units))
     return [WorkUnit(i, units[int(j)].pieces) for i, j in enumerate(order)]

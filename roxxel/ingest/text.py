@@ -9,12 +9,11 @@ byte, so any cut points give every line to exactly one piece. Readers yield
 from __future__ import annotations
 
 import json
-import mmap
 import os
 from collections.abc import Iterator
 
 from roxxel.errors import ConfigError
-from roxxel.ingest.units import MAX_BAD_KEPT, BadRecords, Format, Piece, ReadOptions, Record
+from roxxel.ingest.units import MAX_BAD_KEPT, BadRecords, InputKind, Piece, ReadOptions, Record
 
 try:  # optional (roxxel[json]): parses about 2.5x faster; both refuse NaN and Infinity
     import orjson
@@ -28,21 +27,37 @@ def _loads(line: bytes) -> object:
     return json.loads(line, parse_constant=_no_constants)
 
 
+def _beyond_64_bits(number: float) -> bool:
+    """Whether a float is one that orjson may have made of an integer literal no 64-bit
+    type holds (cheap: a value test, the line is parsed again only then)."""
+    return not -(2.0**63) <= number < 2.0**64
+
+
 def _no_constants(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
-__all__ = ["line_location", "line_pieces", "read_jsonl", "read_text", "read_text_file"]
+__all__ = [
+    "JSONL",
+    "TEXT",
+    "TEXT_FILE",
+    "line_location",
+    "line_pieces",
+    "read_jsonl",
+    "read_text",
+    "read_text_file",
+]
 
 _COUNT_CHUNK = 1 << 24
+_READ_BUFFER = 1 << 20
 
 
-def line_pieces(path: str, fmt: Format, unit_bytes: int) -> list[Piece]:
+def line_pieces(path: str, kind: str, unit_bytes: int) -> list[Piece]:
     """Cut a line file into byte ranges of ``unit_bytes`` (whole file when 0)."""
     size = os.path.getsize(path)
     step = unit_bytes if unit_bytes > 0 else max(size, 1)
     return [
-        Piece(path, fmt, s, min(s + step, size), min(step, size - s)) for s in range(0, size, step)
+        Piece(path, kind, s, min(s + step, size), min(step, size - s)) for s in range(0, size, step)
     ]
 
 
@@ -61,20 +76,36 @@ def line_location(path: str, offset: int) -> str:
 
 
 def _lines(piece: Piece) -> Iterator[tuple[int, bytes]]:
-    """(offset, line without newline) for every line starting in [start, stop)."""
+    """(offset, line without newline) for every line starting in [start, stop).
+
+    Read with buffered I/O, not a memory map: a file cut short while it is read must end in
+    an error, not a SIGBUS. Raises ConfigError when the file ends before ``stop``.
+    """
     if piece.stop <= piece.start:
         return
-    with open(piece.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        size = len(mm)
-        pos = piece.start
-        if pos > 0:
-            newline = mm.find(b"\n", pos - 1)
-            pos = size if newline < 0 else newline + 1
-        while pos < piece.stop and pos < size:
-            end = mm.find(b"\n", pos)
-            end = size if end < 0 else end
-            yield pos, mm[pos:end]
-            pos = end + 1
+    pos = piece.start
+    with open(piece.path, "rb", buffering=_READ_BUFFER) as f:
+        if pos > 0:  # the line holding byte start - 1 belongs to the piece before
+            f.seek(pos - 1)
+            pos += len(f.readline()) - 1
+        for line in f:
+            if pos >= piece.stop:
+                return
+            end = pos + len(line)
+            if line.endswith(b"\n"):
+                yield pos, line[:-1]
+            elif end < piece.stop:  # a last line that ends early: the file was cut
+                break
+            else:
+                yield pos, line
+            pos = end
+    if pos < piece.stop:
+        raise ConfigError(
+            f"{piece.path}: offset {pos}: file ends (expected at least {piece.stop} bytes: "
+            f"the input changed since planning)",
+            path=piece.path,
+            offset=pos,
+        )
 
 
 def _bad(piece: Piece, offset: int, what: str, opts: ReadOptions, bad: BadRecords) -> None:
@@ -104,6 +135,10 @@ def read_jsonl(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterator[tup
         if not isinstance(value, dict):
             _bad(piece, offset, f"JSON {type(value).__name__} (expected a JSON object)", opts, bad)
             continue
+        if orjson is not None and any(
+            type(v) is float and _beyond_64_bits(v) for v in value.values()
+        ):
+            value = json.loads(line, parse_constant=_no_constants)  # exact big integers
         yield value, offset
 
 
@@ -124,9 +159,19 @@ def read_text(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterator[tupl
 def read_text_file(
     piece: Piece, opts: ReadOptions, bad: BadRecords
 ) -> Iterator[tuple[Record, int]]:
-    """One record ``{field: whole file}`` per UTF-8 text file."""
+    """One record ``{field: whole file}`` per UTF-8 text file.
+
+    Reads at most the size the file had when planned (plus one byte, to notice growth):
+    raises ConfigError when the size changed, so a device file never reads forever.
+    """
     with open(piece.path, "rb") as f:
-        data = f.read()
+        data = f.read(piece.num_bytes + 1)
+    if len(data) != piece.num_bytes:
+        raise ConfigError(
+            f"{piece.path}: {len(data)} bytes read (expected {piece.num_bytes}: the input "
+            f"changed since planning)",
+            path=piece.path,
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -135,3 +180,30 @@ def read_text_file(
         bad.add(f"{piece.path}: invalid UTF-8 ({e})")
         return
     yield {opts.field_for("text"): text}, 0
+
+
+def _jsonl_pieces(path: str, unit_bytes: int) -> list[Piece]:
+    return line_pieces(path, "jsonl", unit_bytes)
+
+
+def _text_pieces(path: str, unit_bytes: int) -> list[Piece]:
+    return line_pieces(path, "text", unit_bytes)
+
+
+def _text_file_pieces(path: str, unit_bytes: int) -> list[Piece]:
+    del unit_bytes  # a document is never split
+    return [Piece(path, "text-file", 0, 1, os.path.getsize(path))]
+
+
+def _locate_line(piece: Piece, key: int) -> str:
+    return line_location(piece.path, key)
+
+
+def _locate_file(piece: Piece, key: int) -> str:
+    del key
+    return piece.path
+
+
+JSONL = InputKind("jsonl", (".jsonl", ".ndjson"), _jsonl_pieces, read_jsonl, locate=_locate_line)
+TEXT = InputKind("text", (".txt",), _text_pieces, read_text, locate=_locate_line)
+TEXT_FILE = InputKind("text-file", (), _text_file_pieces, read_text_file, locate=_locate_file)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -24,28 +24,18 @@ __all__ = [
     "MAX_BAD_KEPT",
     "BadRecords",
     "Block",
-    "Format",
+    "Input",
+    "InputKind",
     "Piece",
     "RangeReader",
     "ReadOptions",
     "Record",
     "WorkUnit",
     "group_pieces",
+    "row_location",
     "row_pieces",
 ]
 
-Format = Literal["jsonl", "text", "text-file", "npy", "npz", "parquet", "arrow", "hf", "megatron"]
-FORMATS: tuple[Format, ...] = (
-    "jsonl",
-    "text",
-    "text-file",
-    "npy",
-    "npz",
-    "parquet",
-    "arrow",
-    "hf",
-    "megatron",
-)
 Record = dict[str, Any]
 MAX_BAD_KEPT = 5
 BLOCK_BYTES = 8 << 20  # input bytes per Block an array reader yields
@@ -55,14 +45,15 @@ BLOCK_BYTES = 8 << 20  # input bytes per Block an array reader yields
 class Piece:
     """A half-open range [start, stop) of one input file.
 
-    The unit of ``start``/``stop`` depends on the format: bytes for jsonl/text (a line
+    ``kind`` names the input kind (see `InputKind`). The unit of ``start``/``stop``
+    depends on the kind: bytes for jsonl/text (a line
     belongs to the piece whose range holds its first byte), rows for npy/npz/arrow-stream/hf,
     row groups for parquet, record batches for arrow files, sequences for megatron;
     text-file pieces are whole files (0, 1).
     """
 
     path: str
-    format: Format
+    kind: str
     start: int
     stop: int
     num_bytes: int
@@ -178,7 +169,7 @@ class WorkUnit:
 
     @staticmethod
     def _piece_json(p: Piece) -> list[Any]:
-        return [p.path, p.format, p.start, p.stop, p.num_bytes]
+        return [p.path, p.kind, p.start, p.stop, p.num_bytes]
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> WorkUnit:
@@ -191,8 +182,8 @@ class ReadOptions:
     """How readers turn input into records.
 
     Attributes:
-        field: field name for formats whose records have one unnamed value (npy rows, text
-            lines or files, megatron sequences); None means the format's default.
+        field: field name for input kinds whose records have one unnamed value (npy rows, text
+            lines or files, megatron sequences); None means the kind's default.
         skip_bad: skip malformed records (counted in ``BadRecords``) instead of raising.
     """
 
@@ -220,7 +211,62 @@ class BadRecords:
         self.first.extend(other.first[: MAX_BAD_KEPT - len(self.first)])
 
 
-def row_pieces(path: str, fmt: Format, num_rows: int, unit_bytes: int) -> list[Piece]:
+RecordReader = Callable[[Piece, ReadOptions, BadRecords], Iterator[tuple[Record, int]]]
+BlockReader = Callable[[Piece, ReadOptions, BadRecords], Iterator[Block]]
+
+
+@dataclass(frozen=True, slots=True)
+class Input:
+    """One input file and its input kind (an HF directory expands to its Arrow files)."""
+
+    path: str
+    kind: str
+
+
+def row_location(piece: Piece, key: int) -> str:
+    """``"path: row N"``: where a record of a row-addressed input came from."""
+    return f"{piece.path}: row {key}"
+
+
+@dataclass(frozen=True, slots=True)
+class InputKind:
+    """One kind of input file ``roxxel pack`` reads (JSON Lines, Parquet, ...): what a kind's
+    module declares and `roxxel.ingest.registry` lists.
+
+    Attributes:
+        name: the ``--format`` value and `Piece.kind`.
+        extensions: lower-case file name endings (``".jsonl"``) that select this kind.
+        cut: ``(path, unit_bytes) -> pieces``: how a file splits into work units.
+        read: ``(piece, opts, bad) -> (record, key)...``: the record reader.
+        read_blocks: ``(piece, opts, bad) -> blocks``, for array inputs; None: records only.
+        locate: ``(piece, key) -> str``: where a record came from, for messages.
+        resolve: ``path -> inputs``: what a named path (or a claimed directory) stands for
+            (a Megatron ``.idx`` for its ``.bin``, an HF directory for its Arrow files);
+            None: the path itself, of this kind.
+        claims_directory: ``directory -> bool``: whether a directory is one input of this
+            kind (an HF ``save_to_disk`` directory) rather than a folder to walk.
+        fixed_arrays: records are rows of one array, so equal shapes are fixed shapes.
+        schema: ``path -> {name: spec}`` read from the file's own metadata (exact types),
+            or None when records must be sampled.
+    """
+
+    name: str
+    extensions: tuple[str, ...]
+    cut: Callable[[str, int], list[Piece]]
+    read: RecordReader
+    read_blocks: BlockReader | None = None
+    locate: Callable[[Piece, int], str] = row_location
+    resolve: Callable[[str], list[Input]] | None = None
+    claims_directory: Callable[[str], bool] | None = None
+    fixed_arrays: bool = False
+    schema: Callable[[str], dict[str, str] | None] | None = None
+
+    def inputs(self, path: str) -> list[Input]:
+        """The inputs a path of this kind stands for."""
+        return self.resolve(path) if self.resolve is not None else [Input(path, self.name)]
+
+
+def row_pieces(path: str, kind: str, num_rows: int, unit_bytes: int) -> list[Piece]:
     """Cut ``num_rows`` rows of one file into pieces of about ``unit_bytes`` file bytes."""
     size = os.path.getsize(path)
     if num_rows == 0:
@@ -228,7 +274,9 @@ def row_pieces(path: str, fmt: Format, num_rows: int, unit_bytes: int) -> list[P
     per_row = max(size / num_rows, 1.0)
     rows = max(1, math.floor(unit_bytes / per_row)) if unit_bytes > 0 else 1
     return [
-        Piece(path, fmt, s, min(s + rows, num_rows), round(per_row * (min(s + rows, num_rows) - s)))
+        Piece(
+            path, kind, s, min(s + rows, num_rows), round(per_row * (min(s + rows, num_rows) - s))
+        )
         for s in range(0, num_rows, rows)
     ]
 

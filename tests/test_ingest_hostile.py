@@ -1,0 +1,460 @@
+"""Hostile and unusual inputs for ``roxxel pack``: the input-kind registry (issue 11 point 4)
+and the readers' hardening (issue 12 items 4, 5, 6, 11, 13, 16 and its clear errors; issue 13
+items 6 and 8). Each test is named after the issue item it pins."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zipfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import roxxel
+from roxxel.cli import main
+from roxxel.errors import ConfigError
+from roxxel.ingest import registry
+from roxxel.ingest.infer import infer_schema
+from roxxel.ingest.inputs import (
+    BadRecords,
+    Input,
+    InputKind,
+    Piece,
+    ReadOptions,
+    Record,
+    cut_units,
+    expand_inputs,
+    read_unit,
+)
+from roxxel.ingest.megatron import MAGIC
+from roxxel.ingest.npy import NPZ_WHOLE_MAX_BYTES
+
+
+def _run(*argv: object) -> int:
+    return main([str(a) for a in argv])
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    return err
+
+
+def _jsonl(path: Path, rows: Sequence[object]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _records(inputs: list[Input], opts: ReadOptions | None = None) -> list[Record]:
+    bad = BadRecords()
+    units = cut_units(inputs, 1 << 20)
+    return [r for u in units for r, _, _ in read_unit(u, opts or ReadOptions(), bad)]
+
+
+# ---- issue 11 point 4: one registry of input kinds -------------------------------------
+
+
+def _cut_tsv(path: str, unit_bytes: int) -> list[Piece]:
+    del unit_bytes
+    return [Piece(path, "tsv", 0, 1, os.path.getsize(path))]
+
+
+def _read_tsv(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterator[tuple[Record, int]]:
+    del opts, bad
+    with open(piece.path, encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            name, value = line.rstrip("\n").split("\t")
+            yield {"name": name, "value": np.int32(value)}, i
+
+
+TSV = InputKind("tsv", (".tsv",), _cut_tsv, _read_tsv)
+
+
+def test_issue11_point4_a_kind_registered_in_one_line_is_found_cut_and_packed(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setitem(registry.KINDS, "tsv", TSV)
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    (inputs / "a.tsv").write_text("x\t1\ny\t2\n")
+    (inputs / "b.tsv").write_text("z\t3\n")
+    (inputs / "notes.md").write_text("not an input\n")
+    found = expand_inputs([str(inputs)])
+    assert found == [Input(str(inputs / "a.tsv"), "tsv"), Input(str(inputs / "b.tsv"), "tsv")]
+    assert [u.pieces[0].kind for u in cut_units(found, 1)] == ["tsv", "tsv"]
+
+    assert _run("pack", inputs, "-o", tmp_path / "ds") == 0
+    assert "schema (inferred from the first 3 records): name:str, value:int32" in (
+        capsys.readouterr().out
+    )
+    ds = roxxel.open_dataset(tmp_path / "ds")
+    assert [ds[i]["name"] for i in range(3)] == ["x", "y", "z"]
+    assert int(ds[2]["value"]) == 3
+    # the CLI flag names the kind too, and an error names it where a record came from
+    assert _run("pack", inputs / "a.tsv", "-o", tmp_path / "d2", "--format", "tsv", "-q") == 0
+    (inputs / "bad.tsv").write_text("w\tnot-a-number\n")
+    with pytest.raises(ValueError, match="not-a-number"):
+        _records([Input(str(inputs / "bad.tsv"), "tsv")])
+
+
+def test_issue11_point4_every_kind_is_declared_once_with_its_extensions():
+    names = registry.kind_names()
+    assert names == (
+        "jsonl",
+        "text",
+        "text-file",
+        "npy",
+        "npz",
+        "parquet",
+        "arrow",
+        "hf",
+        "megatron",
+    )
+    extensions = [e for k in registry.KINDS.values() for e in k.extensions]
+    assert len(extensions) == len(set(extensions))
+    assert registry.kind_of_path("x/y.NDJSON") is registry.KINDS["jsonl"]
+    assert registry.kind_of_path("c.idx") is registry.KINDS["megatron"]
+    assert registry.kind_of_path("notes.md") is None
+    with pytest.raises(ConfigError, match="unknown input kind"):
+        registry.get_kind("csv")
+
+
+# ---- issue 12 item 4: float casts that overflow ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "spec"), [(70000.0, "float16"), (1e39, "float32"), ([1.0, -1e39], "float32[]")]
+)
+def test_issue12_item4_jsonl_float_overflow_is_refused_with_line_and_field(
+    tmp_path, capsys, value, spec
+):
+    first = [1.5] if isinstance(value, list) else 1.5
+    src = _jsonl(tmp_path / "f.jsonl", [{"x": first}, {"x": value}])
+    assert _run("pack", src, "-o", tmp_path / "ds", "--field", f"x:{spec}", "-q") == 1
+    err = _one_line_error(capsys)
+    assert f"{src}:2" in err and "field 'x'" in err and "does not fit" in err
+
+
+def test_issue12_item4_rounding_and_given_infinities_are_kept(tmp_path):
+    pq.write_table(pa.table({"x": pa.array([0.1, np.inf, -np.inf, 65504.0])}), tmp_path / "a.pq")
+    assert _run("pack", tmp_path / "a.pq", "-o", tmp_path / "ds", "--field", "x:float16", "-q") == 0
+    ds = roxxel.open_dataset(tmp_path / "ds")
+    got = [float(ds[i]["x"]) for i in range(4)]
+    assert got == [float(np.float16(0.1)), np.inf, -np.inf, 65504.0]
+
+
+@pytest.mark.parametrize("skip_bad", [False, True])
+def test_issue12_item4_parquet_float_overflow_is_refused_on_the_block_path(
+    tmp_path, capsys, skip_bad
+):
+    table = pa.table({"x": pa.array([1.0, 2.0, 1e39, 4.0], pa.float64())})
+    pq.write_table(table, tmp_path / "a.parquet")
+    argv = ["pack", tmp_path / "a.parquet", "-o", tmp_path / "ds", "--field", "x:float32", "-q"]
+    if not skip_bad:
+        assert _run(*argv) == 1
+        err = _one_line_error(capsys)
+        assert "a.parquet: row 2" in err and "field 'x'" in err and "does not fit float32" in err
+        return
+    assert _run(*argv, "--skip-bad") == 0
+    assert "skipped 1 bad records" in capsys.readouterr().err
+    ds = roxxel.open_dataset(tmp_path / "ds")
+    assert [float(ds[i]["x"]) for i in range(len(ds))] == [1.0, 2.0, 4.0]
+
+
+# ---- issue 12 item 5: Megatron bounds that wrap ------------------------------------------
+
+
+def _megatron(prefix: Path, lengths: list[int], pointers: list[int], bin_bytes: int) -> Path:
+    with open(f"{prefix}.idx", "wb") as f:
+        f.write(struct.pack("<9sQBQQ", MAGIC, 1, 4, len(lengths), len(lengths) + 1))
+        f.write(np.asarray(lengths, "<i4").tobytes() + np.asarray(pointers, "<i8").tobytes())
+        f.write(np.arange(len(lengths) + 1, dtype="<i8").tobytes())
+    Path(f"{prefix}.bin").write_bytes(bytes(bin_bytes))
+    return Path(f"{prefix}.bin")
+
+
+@pytest.mark.parametrize("pointer", [2**63 - 8, 2**63 - 4, 2**62])
+def test_issue12_item5_megatron_pointer_plus_length_past_int64_is_refused(
+    tmp_path, capsys, pointer
+):
+    bin_path = _megatron(tmp_path / "c", [2, 10], [0, pointer], 8)
+    with pytest.raises(ConfigError, match=r"sequence 1: pointer") as info:
+        cut_units(expand_inputs([str(bin_path)]), 1 << 20)
+    assert info.value.path == str(bin_path)
+    assert _run("pack", bin_path, "-o", tmp_path / "ds", "-q") == 1
+    assert str(bin_path) in _one_line_error(capsys)
+
+
+# ---- issue 12 item 6: integers beyond 64 bits, booleans --------------------------------
+
+
+def test_issue12_item6_inference_keeps_big_integers_exact_or_refuses(tmp_path, capsys):
+    assert infer_schema([{"x": [3, 2**63]}, {"x": [2**64 - 1]}]) == {"x": "uint64[]"}
+    assert infer_schema([{"x": 2**63}, {"x": 3}]) == {"x": "uint64"}
+    with pytest.raises(ConfigError, match="ambiguous"):
+        infer_schema([{"x": -1}, {"x": 2**63}])  # no 64-bit integer type holds both
+    src = _jsonl(tmp_path / "big.jsonl", [{"x": 3}, {"x": 1180591620717411303425}])
+    assert _run("pack", src, "-o", tmp_path / "ds") == 1
+    assert "1180591620717411303425 does not fit a 64-bit integer" in _one_line_error(capsys)
+    src2 = _jsonl(tmp_path / "u.jsonl", [{"x": 3}, {"x": 2**64 - 1}])
+    assert _run("pack", src2, "-o", tmp_path / "u", "-q") == 0
+    ds = roxxel.open_dataset(tmp_path / "u")
+    assert ds.schema["x"].spec == "uint64" and int(ds[1]["x"]) == 2**64 - 1
+
+
+def test_issue12_item6_big_integer_into_an_int64_field_says_it_does_not_fit(tmp_path, capsys):
+    src = _jsonl(tmp_path / "big.jsonl", [{"x": 1}, {"x": 1180591620717411303425}])
+    assert _run("pack", src, "-o", tmp_path / "ds", "--field", "x:int64", "-q") == 1
+    err = _one_line_error(capsys)
+    assert f"{src}:2" in err and "value 1180591620717411303425 does not fit int64" in err
+    src2 = _jsonl(tmp_path / "l.jsonl", [{"x": [1, 1180591620717411303425]}])
+    assert _run("pack", src2, "-o", tmp_path / "d2", "--field", "x:int64[]", "-q") == 1
+    assert "does not fit int64" in _one_line_error(capsys)
+
+
+@pytest.mark.parametrize("value", [True, [True, False]])
+def test_issue12_clear_errors_json_true_into_an_int_field_is_refused(tmp_path, capsys, value):
+    spec = "int32[]" if isinstance(value, list) else "int32"
+    src = _jsonl(tmp_path / "b.jsonl", [{"x": value}])
+    assert _run("pack", src, "-o", tmp_path / "ds", "--field", f"x:{spec}", "-q") == 1
+    err = _one_line_error(capsys)
+    assert f"{src}:1" in err and "JSON true" in err
+
+
+# ---- issue 12 item 11: FIFOs, devices, symlink loops --------------------------------------
+
+
+def test_issue12_item11_a_walk_reads_regular_files_and_says_what_it_skipped(tmp_path, capsys):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "a.txt").write_text("hello")
+    os.mkfifo(folder / "b.txt")  # opened, this would block forever
+    os.symlink("/dev/zero", folder / "c.txt")  # read whole, this would never end
+    os.symlink(folder / "d.txt", folder / "d.txt")  # a loop
+    os.symlink(folder, folder / "e")
+    out = tmp_path / "ds"
+    assert _run("pack", folder, "-o", out, "--format", "text-file") == 0
+    err = capsys.readouterr().err
+    assert f"{folder / 'b.txt'}: a FIFO" in err
+    assert f"{folder / 'c.txt'}: a character device" in err
+    assert f"{folder / 'd.txt'}: a symlink loop" in err
+    assert f"{folder / 'e'}: a symlink to a directory" in err
+    ds = roxxel.open_dataset(out)
+    assert len(ds) == 1 and ds[0]["text"] == "hello"
+
+
+@pytest.mark.parametrize(
+    ("name", "what"), [("fifo.txt", "a FIFO"), ("zero.txt", "a character device")]
+)
+def test_issue12_item11_a_named_special_file_is_an_error(tmp_path, capsys, name, what):
+    path = tmp_path / name
+    if name == "fifo.txt":
+        os.mkfifo(path)
+    else:
+        os.symlink("/dev/zero", path)
+    assert _run("pack", path, "-o", tmp_path / "ds", "--format", "text-file") == 1
+    assert f"{path}: {what} (expected a regular file)" in _one_line_error(capsys)
+
+
+def test_issue12_clear_errors_a_named_symlink_loop_is_a_config_error(tmp_path, capsys):
+    loop = tmp_path / "loop.jsonl"
+    os.symlink(loop, loop)
+    with pytest.raises(ConfigError, match="a symlink loop") as info:
+        expand_inputs([str(loop)])
+    assert info.value.path == str(loop)
+    assert _run("pack", loop, "-o", tmp_path / "ds") == 1
+    assert "symlink loop" in _one_line_error(capsys)
+
+
+# ---- issue 12 item 13: an input cut short while it is read ---------------------------------
+
+
+def test_issue12_item13_jsonl_cut_short_while_read_is_an_error_not_sigbus(tmp_path):
+    rows = [{"x": i, "pad": "y" * 100} for i in range(40000)]  # more than a read buffer
+    src = _jsonl(tmp_path / "a.jsonl", rows)
+    units = cut_units([Input(str(src), "jsonl")], 1 << 30)
+    records = read_unit(units[0], ReadOptions(), BadRecords())
+    assert next(records)[0]["x"] == 0
+    os.truncate(src, 1000)  # under a memory map, touching the lost pages raised SIGBUS
+    with pytest.raises(ConfigError, match="file ends") as info:
+        for _ in records:
+            pass
+    assert info.value.path == str(src)
+
+
+def test_issue12_item13_text_file_that_changed_size_since_planning_is_an_error(tmp_path):
+    src = tmp_path / "a.txt"
+    src.write_text("hello")
+    units = cut_units([Input(str(src), "text-file")], 1 << 20)
+    src.write_text("hello, and more")
+    with pytest.raises(ConfigError, match="changed since planning"):
+        list(read_unit(units[0], ReadOptions(), BadRecords()))
+
+
+# ---- issue 12 item 16: .npz read from its headers, streamed ------------------------------
+
+
+def _npz_with_header(path: Path, shape: tuple[int, ...]) -> None:
+    """A .npz whose only member's header declares ``shape`` over 8 bytes of data."""
+    header = {"descr": "<u1", "fortran_order": False, "shape": shape}
+    text = repr(header).encode("latin1")
+    text += b" " * (63 - (10 + len(text)) % 64) + b"\n"
+    body = b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text + bytes(8)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("x.npy", body)
+
+
+def test_issue12_item16_npz_header_declaring_8_tib_is_refused_before_reading(tmp_path, capsys):
+    path = tmp_path / "huge.npz"
+    _npz_with_header(path, (1 << 20, 1 << 23))
+    with pytest.raises(ConfigError, match="header declares shape") as info:
+        cut_units(expand_inputs([str(path)]), 1 << 20)
+    assert info.value.path == str(path)
+    assert _run("pack", path, "-o", tmp_path / "ds") == 1
+    assert "header declares shape (1048576, 8388608)" in _one_line_error(capsys)
+
+
+def test_issue12_item16_npz_rows_stream_without_decompressing_the_whole_member(
+    tmp_path, monkeypatch
+):
+    rows = np.arange(4000 * 64, dtype=np.int32).reshape(4000, 64)
+    np.savez_compressed(tmp_path / "a.npz", tokens=rows, label=np.arange(4000, dtype=np.int16))
+    reads: list[int] = []
+    real_read = zipfile.ZipExtFile.read
+
+    def spy(self, n=-1):
+        reads.append(n)
+        return real_read(self, n)
+
+    monkeypatch.setattr(zipfile.ZipExtFile, "read", spy)
+    monkeypatch.setattr("roxxel.ingest.npy.BLOCK_BYTES", 64 << 10)
+    got = _records(expand_inputs([str(tmp_path / "a.npz")]))
+    assert len(got) == 4000 and got[3999]["tokens"].tolist() == rows[3999].tolist()
+    assert int(got[17]["label"]) == 17 and got[17]["label"].dtype == np.int16
+    assert -1 not in reads and max(reads) <= 64 << 10  # never the whole member at once
+
+
+def test_issue12_item16_fortran_npz_member_over_the_cap_is_refused(tmp_path, monkeypatch):
+    np.savez(tmp_path / "f.npz", x=np.asfortranarray(np.zeros((8, 4), np.float32)))
+    assert len(_records(expand_inputs([str(tmp_path / "f.npz")]))) == 8
+    monkeypatch.setattr("roxxel.ingest.npy.NPZ_WHOLE_MAX_BYTES", 64)
+    with pytest.raises(ConfigError, match="Fortran-ordered"):
+        cut_units(expand_inputs([str(tmp_path / "f.npz")]), 1)
+    assert NPZ_WHOLE_MAX_BYTES == 1 << 30
+
+
+# ---- issue 12 clear errors ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow"])
+def test_issue12_clear_errors_a_null_row_is_skipped_and_counted_with_skip_bad(
+    tmp_path, capsys, kind
+):
+    table = pa.table(
+        {
+            "x": pa.array([1, None, 3, 4, 5], pa.int32()),
+            "t": pa.array([[1], [2], [None], [4], []], pa.list_(pa.int32())),
+        }
+    )
+    path = tmp_path / f"n.{kind}"
+    if kind == "parquet":
+        pq.write_table(table, path)
+    else:
+        with pa.ipc.new_file(str(path), table.schema) as w:
+            w.write_table(table)
+    assert _run("pack", path, "-o", tmp_path / "ds", "-q") == 1
+    assert "field 'x': row 1: null" in _one_line_error(capsys)
+    assert _run("pack", path, "-o", tmp_path / "ds", "-q", "--skip-bad") == 0
+    err = capsys.readouterr().err
+    assert "skipped 2 bad records" in err and "row 1: null" in err and "row 2: null" in err
+    ds = roxxel.open_dataset(tmp_path / "ds")
+    assert [int(ds[i]["x"]) for i in range(len(ds))] == [1, 4, 5]
+    assert ds[1]["t"].tolist() == [4]
+
+
+def test_issue12_clear_errors_negative_shuffle_seed_is_a_usage_error(tmp_path, capsys):
+    src = _jsonl(tmp_path / "a.jsonl", [{"x": 1}])
+    assert _run("pack", src, "-o", tmp_path / "ds", "--shuffle-input", "-3") == 2
+    assert "--shuffle-input -3" in _one_line_error(capsys)
+    from roxxel.ingest.pack import shuffle_units
+
+    with pytest.raises(ConfigError, match="--shuffle-input"):
+        shuffle_units([], -3)
+
+
+def test_issue12_clear_errors_system_exit_in_a_map_names_the_map_and_record(tmp_path, capsys):
+    (tmp_path / "quitter.py").write_text("import sys\ndef f(r):\n    sys.exit(3)\n")
+    src = _jsonl(tmp_path / "a.jsonl", [{"x": 1}])
+    spec = f"{tmp_path / 'quitter.py'}:f"
+    assert _run("pack", src, "-o", tmp_path / "ds", "--map", spec, "--field", "x:int32") == 1
+    err = _one_line_error(capsys)
+    assert f"{src}:1" in err and f"--map {spec} raised SystemExit" in err
+
+
+# ---- issue 13 item 6: types kept as the source has them ---------------------------------
+
+
+def test_issue13_item6_arrow_types_map_exactly(tmp_path, capsys):
+    table = pa.table(
+        {
+            "f": pa.array([1.5, 2.5], pa.float32()),
+            "h": pa.array([1.5, 2.5], pa.float16()),
+            "v": pa.array([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]], pa.list_(pa.float32(), 4)),
+            "m": pa.array(
+                [[[1, 2, 3], [4, 5, 6]], [[7, 8, 9], [1, 2, 3]]],
+                pa.list_(pa.list_(pa.uint8(), 3), 2),
+            ),
+            "r": pa.array([[[1, 2]], [[3, 4], [5, 6]]], pa.list_(pa.list_(pa.int16(), 2))),
+            "s": pa.array([[1.0], []], pa.list_(pa.float32())),
+        }
+    )
+    pq.write_table(table, tmp_path / "t.parquet")
+    assert _run("pack", tmp_path / "t.parquet", "-o", tmp_path / "ds") == 0
+    out = capsys.readouterr().out
+    assert (
+        "schema (from the input's own types): f:float32, h:float16, v:float32[4], "
+        "m:uint8[2,3], r:int16[,2], s:float32[]"
+    ) in out
+    ds = roxxel.open_dataset(tmp_path / "ds")
+    assert ds[1]["v"].tolist() == [5.0, 6.0, 7.0, 8.0] and ds[1]["v"].dtype == np.float32
+    assert ds[1]["m"].tolist() == [[7, 8, 9], [1, 2, 3]]
+    assert ds[1]["r"].tolist() == [[3, 4], [5, 6]]
+
+
+def test_issue13_item6_hf_array2d_keeps_dtype_and_shape(tmp_path, capsys):
+    """An HF ``Array2D(shape=(2, 3), dtype="float32")`` column as ``datasets`` writes it:
+    nested lists with the shape and dtype in the field's extension metadata."""
+    meta = {
+        b"ARROW:extension:name": b"datasets.features.features.Array2DExtensionType",
+        b"ARROW:extension:metadata": json.dumps([[2, 3], "float32"]).encode(),
+    }
+    storage = pa.list_(pa.list_(pa.float32()))
+    field = pa.field("a", storage, metadata=meta)
+    values = [[[1, 2, 3], [4, 5, 6]], [[0.5, 0, 0], [0, 0, 0.25]]]
+    table = pa.Table.from_arrays([pa.array(values, storage)], schema=pa.schema([field]))
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    with pa.ipc.new_stream(str(folder / "data-00000-of-00001.arrow"), table.schema) as w:
+        w.write_table(table)
+    state = {"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}
+    (folder / "state.json").write_text(json.dumps(state))
+    assert _run("pack", folder, "-o", tmp_path / "ds") == 0
+    assert "a:float32[2,3]" in capsys.readouterr().out
+    ds = roxxel.open_dataset(tmp_path / "ds")
+    assert ds[1]["a"].dtype == np.float32 and ds[1]["a"].tolist() == values[1]
+
+
+# ---- issue 13 item 8: a misspelt field lists the record's fields -------------------------
+
+
+def test_issue13_item8_missing_field_lists_the_records_fields(tmp_path, capsys):
+    src = _jsonl(tmp_path / "a.jsonl", [{"tokens": [1, 2], "id": 3}])
+    assert _run("pack", src, "-o", tmp_path / "ds", "--field", "token:int32[]") == 1
+    err = _one_line_error(capsys)
+    assert f"{src}:1" in err and "'token'" in err and "['id', 'tokens']" in err

@@ -40,7 +40,7 @@ from roxxel.ingest.pack import (
     mapped_records,
     shuffle_units,
 )
-from roxxel.ingest.parts import PackSpec, finalize, merge, prepare_output
+from roxxel.ingest.parts import PackSpec, finalize, lock_output, merge, prepare_output
 from roxxel.ingest.pool import START_METHODS, UnitPool
 
 __all__ = ["add_merge_parser", "add_pack_parser"]
@@ -220,28 +220,33 @@ def cmd_pack(args: argparse.Namespace) -> int:
     plan = PackSpec(
         config.fingerprint, len(units), config.schema, {"roxxel_pack": config.fingerprint}
     )
-    prepare_output(out, plan, args.overwrite)
-    if args.finalize:
-        finalize(out)
-        _say(args, f"{out}: manifest written for {len(units)} work units")
-        return 0
-    mine = units[args.task_index :: args.num_tasks]
-    results = _run(args, config, mine)
-    _report(args, results, mine, start)
-    if args.num_tasks == 1:
-        finalize(out)
-    else:
-        _say(
-            args,
-            f"task {args.task_index}/{args.num_tasks} done; when all are: roxxel merge {out} -o {out}",
-        )
+    # one task alone, or --finalize: the directory alone; a task of several: its share
+    task = args.task_index if args.num_tasks > 1 and not args.finalize else None
+    with lock_output(out, task) as lock:
+        prepare_output(out, plan, args.overwrite, lock)
+        if args.finalize:
+            finalize(out)
+            _say(args, f"{out}: manifest written for {len(units)} work units")
+            return 0
+        mine = units[args.task_index :: args.num_tasks]
+        results = _run(args, config, mine, lock.fd)
+        _report(args, results, mine, start)
+        if args.num_tasks == 1:
+            finalize(out)
+            return 0
+    _say(
+        args,
+        f"task {args.task_index}/{args.num_tasks} done; when all are: roxxel merge {out} -o {out}",
+    )
     return 0
 
 
-def _run(args: argparse.Namespace, config: PackConfig, units: list[WorkUnit]) -> list[UnitResult]:
+def _run(
+    args: argparse.Namespace, config: PackConfig, units: list[WorkUnit], lock_fd: int
+) -> list[UnitResult]:
     results: list[UnitResult] = []
     records = 0
-    pool = UnitPool(config, units, args.workers, args.start_method)
+    pool = UnitPool(config, units, args.workers, args.start_method, lock_fd)
     with pool, _bar(args, units) as bar:
         for result in pool.results():
             results.append(result)

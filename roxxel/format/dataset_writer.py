@@ -3,20 +3,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from roxxel.errors import ConfigError
-from roxxel.format.atomic import AtomicFile
+from roxxel.errors import ConfigError, FormatError
+from roxxel.format.atomic import AtomicFile, make_dirs, naming
 from roxxel.format.manifest import (
+    MANIFEST_MAX_BYTES,
     MANIFEST_NAME,
     Manifest,
     ShardEntry,
     ShardInfo,
     checksum_text,
     json_object,
+    parse_manifest,
 )
 from roxxel.format.reader import Shard
 from roxxel.format.schema import Codec, Schema
@@ -31,7 +35,9 @@ class DatasetWriter:
     A context manager: leaving the block normally closes the last shard and writes
     ``manifest.json`` (atomically, last); leaving it with an exception drops the shard in
     progress and writes no manifest. A directory that already holds a dataset is refused
-    unless ``overwrite=True``, which removes the old manifest before the first new shard.
+    unless ``overwrite=True``, which removes the old manifest before the first new shard and,
+    once the new manifest is published, the old shards it listed that the new one does not
+    (files it did not list are never touched). A new directory is fsynced in its parent.
     """
 
     def __init__(
@@ -56,7 +62,8 @@ class DatasetWriter:
         manifest = self.path / MANIFEST_NAME
         if manifest.exists() and not overwrite:
             raise ConfigError(f"{self.path}: already holds a dataset (pass overwrite=True)")
-        self.path.mkdir(parents=True, exist_ok=True)
+        self._old_shards = listed_shards(self.path)
+        make_dirs(self.path)
         if manifest.exists():
             manifest.unlink()
         self.shards: list[ShardInfo] = []
@@ -70,7 +77,9 @@ class DatasetWriter:
 
     def write(self, record: Mapping[str, Any]) -> None:
         """Append one record, starting a new shard once the current one is full."""
-        self._shard().write(record)
+        shard = self._shard()
+        with naming(shard.path):
+            shard.write(record)
         self._roll()
 
     def _shard(self) -> ShardWriter:
@@ -85,7 +94,8 @@ class DatasetWriter:
 
     def _roll(self) -> None:
         if self._current is not None and self._current.num_bytes >= self.shard_bytes:
-            self.shards.append(self._current.close())
+            with naming(self._current.path):
+                self.shards.append(self._current.close())
             self._current = None
 
     def write_batch(self, columns: Mapping[str, Any]) -> None:
@@ -94,7 +104,9 @@ class DatasetWriter:
         The batch goes into the current shard whole; the shard closes after the batch that
         fills it, so keep batches well below ``shard_bytes``.
         """
-        self._shard().write_batch(columns)
+        shard = self._shard()
+        with naming(shard.path):
+            shard.write_batch(columns)
         self._roll()
 
     def close(self) -> Path:
@@ -103,12 +115,15 @@ class DatasetWriter:
             raise ConfigError(f"{self.path}: closed twice")
         self._closed = True
         if self._current is not None:
-            self.shards.append(self._current.close())
+            with naming(self._current.path):
+                self.shards.append(self._current.close())
             self._current = None
         entries = [
             ShardEntry(s.path.name, s.num_records, s.num_bytes, s.checksum) for s in self.shards
         ]
-        return publish_manifest(self.path, Manifest(self.schema, tuple(entries), self.metadata))
+        target = publish_manifest(self.path, Manifest(self.schema, tuple(entries), self.metadata))
+        remove_shards(self.path, set(self._old_shards) - {e.path for e in entries})
+        return target
 
     def abort(self) -> None:
         """Drop the shard in progress; write no manifest."""
@@ -132,7 +147,8 @@ def publish_manifest(folder: Path, manifest: Manifest) -> Path:
     target = folder / MANIFEST_NAME
     tmp = AtomicFile(target)
     try:
-        tmp.file.write(manifest.to_json())
+        with naming(target):
+            tmp.file.write(manifest.to_json())
         tmp.publish()
     except BaseException:
         tmp.discard()
@@ -173,3 +189,28 @@ def write_manifest(
         raise ConfigError(f"{folder}: no shards and no schema: nothing to describe")
     manifest = Manifest(Schema.parse(schema), tuple(entries), json_object(metadata, "metadata"))
     return publish_manifest(folder, manifest)
+
+
+def listed_shards(folder: Path) -> list[str]:
+    """The shard names the manifest in ``folder`` lists (plain names, M5), or [] when there is
+    no manifest or it breaks a rule: then nothing is known to be roxxel's."""
+    try:
+        fd = os.open(folder / MANIFEST_NAME, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return []
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(file.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MANIFEST_MAX_BYTES:
+            return []
+        data = file.read(MANIFEST_MAX_BYTES + 1)
+    try:
+        return [entry.path for entry in parse_manifest(data, folder / MANIFEST_NAME).shards]
+    except FormatError:
+        return []
+
+
+def remove_shards(folder: Path, names: Iterable[str]) -> None:
+    """Delete these shards of an old dataset in ``folder`` (names already checked by M5)."""
+    for name in sorted(names):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(folder / name)

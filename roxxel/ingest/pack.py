@@ -9,6 +9,7 @@ only on the unit and the pack arguments, never on the worker count or timing.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
@@ -310,13 +311,23 @@ class _UnitWriter:
         return self.shards
 
     def abort(self) -> None:
+        """Drop the shard in progress and the shards this writer published: nothing else
+        (a file it did not create may belong to another process)."""
         if self.current is not None:
             self.current.abort()
-        remove_unit_files(Path(self.config.out_dir), self.unit)
+            self.current = None
+        for shard in self.shards:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(shard.path)
+        self.shards = []
 
 
 def pack_unit(config: PackConfig, unit: WorkUnit) -> UnitResult:
-    """Pack one unit (or keep it, when a previous run finished it); write its marker."""
+    """Pack one unit (or keep it, when a previous run finished it); write its marker.
+
+    The caller owns the unit (it holds the output's lock, `roxxel.ingest.parts.lock_output`),
+    so the files an earlier, dead attempt at it left are removed first.
+    """
     out_dir = Path(config.out_dir)
     done = load_unit(out_dir, config.fingerprint, unit.index)
     if done is not None:
@@ -334,16 +345,22 @@ def pack_unit(config: PackConfig, unit: WorkUnit) -> UnitResult:
             for record, piece, key in mapped_records(unit, config, bad, dropped):
                 writer.write(record, piece, key)
         shards = writer.close()
+        keys = ("num_records", "num_bytes", "checksum")
+        doc = {
+            "shards": [{"name": s.path.name, **{k: getattr(s, k) for k in keys}} for s in shards],
+            "num_dropped": dropped[0],
+            "bad": {"count": bad.count, "first": bad.first},
+        }
+        write_unit_marker(out_dir, config.fingerprint, unit.index, doc)
+    except OSError as e:
+        where = writer.current.path if writer.current is not None else out_dir
+        writer.abort()
+        if e.filename is None and e.errno:  # a full disk, say: name the file being written
+            raise OSError(e.errno, e.strerror, str(where)) from e
+        raise
     except BaseException:
         writer.abort()
         raise
-    keys = ("num_records", "num_bytes", "checksum")
-    doc = {
-        "shards": [{"name": s.path.name, **{k: getattr(s, k) for k in keys}} for s in shards],
-        "num_dropped": dropped[0],
-        "bad": {"count": bad.count, "first": bad.first},
-    }
-    write_unit_marker(out_dir, config.fingerprint, unit.index, doc)
     return _result(unit, doc, resumed=False)
 
 

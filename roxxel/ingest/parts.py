@@ -1,36 +1,56 @@
-"""Pack state on disk: the plan, one marker per finished work unit, and finalization.
+"""Pack state on disk: the lock, the plan, one marker per finished work unit, finalization.
 
 A pack directory holds ``part-UUUUUU-KKKK.rxs`` shards (unit U, its K-th shard) and, under
 ``.roxxel-pack/``, ``plan.json`` (the fingerprint of the pack arguments, the number of units,
-the schema) and ``unit-UUUUUU.json`` markers written atomically after a unit's shards. A
-unit counts as done only when its marker matches the plan and its shards open and match
-the marker, so a rerun keeps exactly the finished units. ``manifest.json`` is written by
-`finalize` once every unit is done (or by `merge` from several task directories).
+the schema), ``unit-UUUUUU.json`` markers written atomically after a unit's shards, and lock
+files. A unit counts as done only when its marker matches the plan, names exactly the unit's
+own shard files, and those shards open and match it, so a rerun keeps exactly the finished
+units. ``manifest.json`` is written by `finalize` once every unit is done (or by `merge` from
+several task directories).
+
+One pack owns a directory at a time (`lock_output`): an ``flock`` on ``.roxxel-pack/lock``,
+exclusive for a one-task pack, ``--finalize`` and `merge`, shared by the tasks of a
+multi-task pack, each of which also holds ``task-I.lock`` exclusively. Worker processes
+inherit the lock, so it stays held while any process of a run lives; whoever holds it may
+remove what a dead run left behind, and nothing else. Every name read from a plan, marker or
+manifest is checked before any file is touched.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import glob
 import json
 import os
+import re
+import secrets
 import shutil
+import socket
+import stat
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from roxxel.errors import ConfigError, RoxxelError
-from roxxel.format.dataset_writer import write_manifest
+from roxxel.errors import ConfigError, FormatError, RoxxelError, check_int, load_json
+from roxxel.format.atomic import AtomicFile, fsync_dir, make_dirs, naming, write_atomic
+from roxxel.format.dataset_writer import listed_shards, remove_shards, write_manifest
 from roxxel.format.manifest import MANIFEST_NAME, ShardInfo
-from roxxel.format.reader import shard_infos
+from roxxel.format.reader import TEMP_NAME, shard_infos
 
 __all__ = [
+    "STALE_WAIT_SECONDS",
     "STATE_DIR",
+    "PackLock",
     "PackSpec",
     "finalize",
     "load_unit",
+    "lock_output",
     "merge",
     "prepare_output",
+    "read_plan",
     "remove_unit_files",
     "shard_name",
     "write_json_atomic",
@@ -38,6 +58,16 @@ __all__ = [
 ]
 
 STATE_DIR = ".roxxel-pack"
+STATE_MAX_BYTES = 16 << 20  # a plan or marker larger than this is not roxxel's
+MAX_NUM_UNITS = 1 << 32
+# A lock whose recorded holder is gone is still held by that run's last workers, which die
+# with it (or finish their unit): wait this long for them before refusing.
+STALE_WAIT_SECONDS = 10.0
+_LOCK_NAMES = re.compile(r"^(lock|plan\.lock|task-[0-9]+\.lock)$")
+_PART_NAME = re.compile(r"^part-[0-9]{6,}-[0-9]{4,}\.rxs$")
+_MARKER_NAME = re.compile(r"^unit-([0-9]{6,})\.json$")
+_PLAN_KEYS = {"fingerprint", "num_units", "schema", "metadata"}
+_HOLDER_BYTES = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,71 +87,233 @@ class PackSpec:
             "metadata": self.metadata,
         }
 
+    @classmethod
+    def from_json(cls, doc: Any, where: Path) -> PackSpec:
+        """A plan read from disk, checked; raises FormatError naming ``where``."""
+        if not isinstance(doc, dict) or set(doc) != _PLAN_KEYS:
+            found = sorted(doc) if isinstance(doc, dict) else type(doc).__name__
+            raise FormatError(
+                f"{where}: not a pack plan ({found}, expected keys {sorted(_PLAN_KEYS)})",
+                path=where,
+            )
+        num = check_int(f"{where}: num_units", doc["num_units"], 0, MAX_NUM_UNITS, FormatError)
+        schema, metadata = doc["schema"], doc["metadata"]
+        strings = isinstance(schema, dict) and all(isinstance(v, str) for v in schema.values())
+        if not (isinstance(doc["fingerprint"], str) and strings and isinstance(metadata, dict)):
+            raise FormatError(
+                f"{where}: bad plan values (expected a string fingerprint, a schema of "
+                f"strings and a metadata object)",
+                path=where,
+            )
+        return cls(doc["fingerprint"], num, schema, metadata)
+
 
 def shard_name(unit: int, k: int) -> str:
     return f"part-{unit:06d}-{k:04d}.rxs"
 
 
-def write_json_atomic(path: Path, doc: Any) -> None:
-    """Write JSON beside ``path`` and rename it into place (unique temp per process)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+# ---- the lock ------------------------------------------------------------------------------
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
+class PackLock:
+    """The lock of one pack directory, held until `release` (a context manager).
 
-
-def _read_plan(out_dir: Path) -> PackSpec | None:
-    doc = _read_json(out_dir / STATE_DIR / "plan.json")
-    try:
-        return PackSpec(doc["fingerprint"], int(doc["num_units"]), doc["schema"], doc["metadata"])
-    except (TypeError, KeyError, ValueError):
-        return None
-
-
-def _roxxel_files(out_dir: Path) -> list[Path]:
-    names = [MANIFEST_NAME, STATE_DIR, "*.rxs", ".*.rxs.*.tmp"]
-    return [Path(p) for n in names for p in glob.glob(str(out_dir / n), include_hidden=True)]
-
-
-def prepare_output(out_dir: Path, plan: PackSpec, overwrite: bool) -> bool:
-    """Make ``out_dir`` ready for ``plan``; returns True when resuming the same pack.
-
-    An empty or missing directory is created; one holding the same pack resumes; anything
-    else (another dataset, another pack, other files) is refused unless ``overwrite``, which
-    removes roxxel's files there (other files stay).
+    ``fd`` is the directory lock's descriptor: worker processes keep a copy, so the lock
+    stays held while any of them lives. Not thread-safe.
     """
-    old = _read_plan(out_dir)
-    if old is not None and old.fingerprint == plan.fingerprint:
-        return True
-    if out_dir.exists() and any(out_dir.iterdir()):
-        if not overwrite and not _nothing_finished(out_dir, old):
-            found = "a pack with other arguments" if old else "a dataset or other files"
-            raise ConfigError(
-                f"{out_dir}: output directory holds {found} (expected an empty directory or "
-                f"the same pack arguments; pass --overwrite to replace it)"
-            )
-        for path in _roxxel_files(out_dir):
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
-    (out_dir / STATE_DIR).mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out_dir / STATE_DIR / "plan.json", plan.to_json())
-    return False
+
+    def __init__(self, out_dir: Path, task: int | None, fds: list[int]):
+        self.out_dir, self.task, self.fds = out_dir, task, fds
+
+    @property
+    def fd(self) -> int:
+        return self.fds[0]
+
+    @contextlib.contextmanager
+    def alone(self) -> Iterator[None]:
+        """Hold the directory alone for the block (a task's shared lock is made exclusive
+        and shared again after); raises ConfigError if other tasks run there."""
+        if self.task is None:
+            yield
+            return
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            # a failed conversion may drop the shared lock (flock(2)): take it back first
+            _acquire(self.fd, fcntl.LOCK_SH, self.out_dir, str(self.out_dir), 0.0)
+            holders = _run_holders(self.out_dir, mine=True)
+            raise _busy(str(self.out_dir), holders, self.out_dir) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_SH)
+
+    def release(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+    def __enter__(self) -> PackLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
-def _nothing_finished(out_dir: Path, old: PackSpec | None) -> bool:
-    """A pack that failed before finishing any unit: safe to start over without asking."""
-    if old is None or (out_dir / MANIFEST_NAME).exists():
+def lock_output(out_dir: Path, task: int | None = None) -> PackLock:
+    """Lock ``out_dir`` for a pack (creating it): exclusively, or for task ``task`` of a
+    multi-task pack (shared with the other tasks, exclusive for this task index).
+
+    Fails at once with ConfigError "DIR is being packed by pid N" while another live process
+    holds it; a lock held only by the workers of a run whose main process is gone is waited
+    for (at most `STALE_WAIT_SECONDS`), since they die with it.
+    """
+    state = out_dir / STATE_DIR
+    make_dirs(state)
+    fds = [_open_lock(state / "lock")]
+    try:
+        mode = fcntl.LOCK_EX if task is None else fcntl.LOCK_SH
+        _acquire(fds[0], mode, out_dir, str(out_dir), STALE_WAIT_SECONDS)
+        if task is None:
+            _record_holder(fds[0])
+        else:
+            fds.append(_open_lock(state / f"task-{task}.lock"))
+            _acquire(fds[1], fcntl.LOCK_EX, out_dir, f"{out_dir}: task {task}", 0.0)
+            _record_holder(fds[1])
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return PackLock(out_dir, task, fds)
+
+
+def _open_lock(path: Path) -> int:
+    # O_CLOEXEC: a program the user's --map runs must not hold the lock; forked workers do
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+
+
+def _acquire(fd: int, mode: int, out_dir: Path, what: str, stale_wait: float) -> None:
+    """flock ``fd``; if a live process holds it, or a dead run's workers hold it longer than
+    ``stale_wait`` seconds, raise "WHAT is being packed by pid N"."""
+    deadline = time.monotonic() + stale_wait
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        task_lock = what != str(out_dir)
+        holders = [_holder(fd)] if task_lock else _run_holders(out_dir)
+        alive: list[tuple[int, str] | None] = [h for h in holders if h and _alive(h)]
+        if alive or time.monotonic() >= deadline:
+            raise _busy(what, alive or holders, out_dir)
+        time.sleep(0.01)  # a dead run's last workers are exiting
+
+
+def _busy(what: str, holders: list[tuple[int, str] | None], out_dir: Path) -> ConfigError:
+    known = [h for h in holders if h is not None]
+    who = "another process"
+    if known:
+        pid, host = known[0]
+        who = f"pid {pid}" + ("" if host == socket.gethostname() else f" on {host}")
+    return ConfigError(
+        f"{what} is being packed by {who} (expected one pack, merge or finalize at a time: "
+        f"wait for it to end, or stop it)",
+        path=out_dir,
+    )
+
+
+def _record_holder(fd: int) -> None:
+    line = f"{os.getpid()} {socket.gethostname()}\n".encode()
+    os.pwrite(fd, line[:_HOLDER_BYTES].ljust(_HOLDER_BYTES), 0)
+
+
+def _holder(fd: int) -> tuple[int, str] | None:
+    words = os.pread(fd, _HOLDER_BYTES, 0).decode("utf-8", "replace").split()
+    if len(words) != 2 or not words[0].isdigit():
+        return None
+    return int(words[0]), words[1]
+
+
+def _run_holders(out_dir: Path, mine: bool = False) -> list[tuple[int, str] | None]:
+    """Who holds the directory: the tasks holding their locks, then the last exclusive one."""
+    state = out_dir / STATE_DIR
+    found: list[tuple[int, str] | None] = []
+    for path in sorted(state.glob("task-*.lock")):
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _holder(fd)
+                if not (mine and holder is not None and holder[0] == os.getpid()):
+                    found.append(holder)
+            finally:
+                os.close(fd)
+    with contextlib.suppress(OSError):
+        fd = os.open(state / "lock", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            found.append(_holder(fd))
+        finally:
+            os.close(fd)
+    return found
+
+
+def _alive(holder: tuple[int, str]) -> bool:
+    pid, host = holder
+    if host != socket.gethostname() or pid == os.getpid():
+        return True  # another machine's process cannot be asked
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return False
-    return not glob.glob(str(out_dir / STATE_DIR / "unit-*.json"))
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat", "rb") as f:
+        return f.read().rpartition(b")")[2].split()[0] != b"Z"  # a zombie is gone
+    return True
+
+
+# ---- plan and markers ----------------------------------------------------------------------
+
+
+def _read_state(path: Path) -> bytes | None:
+    """A small regular file's bytes (never blocking on a FIFO), or None if there is none."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(file.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > STATE_MAX_BYTES:
+            raise FormatError(
+                f"{path}: not a regular file of at most {STATE_MAX_BYTES} bytes", path=path
+            )
+        return file.read(STATE_MAX_BYTES + 1)
+
+
+def read_plan(out_dir: Path) -> PackSpec:
+    """The plan of the pack in ``out_dir``; raises ConfigError if there is none and
+    FormatError if it is malformed."""
+    path = out_dir / STATE_DIR / "plan.json"
+    data = _read_state(path)
+    if data is None:
+        raise ConfigError(
+            f"{out_dir}: no pack plan (expected a directory written by roxxel pack)",
+            path=out_dir,
+        )
+    return PackSpec.from_json(load_json(data, path), path)
+
+
+def _peek_plan(out_dir: Path) -> PackSpec | None:
+    with contextlib.suppress(OSError, RoxxelError):
+        return read_plan(out_dir)
+    return None
+
+
+def write_json_atomic(path: Path, doc: Any) -> None:
+    """Publish ``doc`` as JSON at ``path`` (temp file, fsync, rename, fsync of the folder)."""
+    write_atomic(path, json.dumps(doc, indent=2, sort_keys=True).encode())
 
 
 def _marker_path(out_dir: Path, unit: int) -> Path:
@@ -135,14 +327,45 @@ def write_unit_marker(out_dir: Path, fingerprint: str, unit: int, doc: dict[str,
     )
 
 
+def _count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _marker_ok(doc: Any, fingerprint: str, unit: int) -> bool:
+    """A marker of this unit of this pack, naming exactly the unit's own shard files."""
+    if not isinstance(doc, dict) or doc.get("fingerprint") != fingerprint:
+        return False
+    shards, bad = doc.get("shards"), doc.get("bad")
+    if doc.get("unit") != unit or type(doc.get("unit")) is not int or not isinstance(shards, list):
+        return False
+    if not (isinstance(bad, dict) and _count(bad.get("count")) and _count(doc.get("num_dropped"))):
+        return False
+    if not (isinstance(bad.get("first"), list) and all(isinstance(b, str) for b in bad["first"])):
+        return False
+    return all(
+        isinstance(s, dict)
+        and s.get("name") == shard_name(unit, k)
+        and _count(s.get("num_records"))
+        and _count(s.get("num_bytes"))
+        and isinstance(s.get("checksum"), str)
+        for k, s in enumerate(shards)
+    )
+
+
 def load_unit(out_dir: Path, fingerprint: str, unit: int) -> dict[str, Any] | None:
     """The marker of a finished unit whose shards open and match it, else None."""
-    doc = _read_json(_marker_path(out_dir, unit))
-    if not isinstance(doc, dict) or doc.get("fingerprint") != fingerprint:
+    path = _marker_path(out_dir, unit)
+    try:
+        data = _read_state(path)
+        doc = None if data is None else load_json(data, path)
+    except (OSError, RoxxelError):
         return None
+    if not _marker_ok(doc, fingerprint, unit):
+        return None
+    assert isinstance(doc, dict)  # for the type checker: _marker_ok said so
     try:
         infos = shard_infos(out_dir / s["name"] for s in doc["shards"])
-    except (OSError, RoxxelError, KeyError, TypeError):
+    except (OSError, RoxxelError):
         return None
     for info, want in zip(infos, doc["shards"], strict=True):
         if [info.num_records, info.num_bytes, info.checksum] != [
@@ -155,36 +378,148 @@ def load_unit(out_dir: Path, fingerprint: str, unit: int) -> dict[str, Any] | No
 
 
 def remove_unit_files(out_dir: Path, unit: int) -> None:
-    """Delete a unit's marker, shards and temp files (a previous, unfinished attempt)."""
+    """Delete what an earlier, dead attempt at ``unit`` left: its marker, shards and temp
+    files. Only for the unit's owner, holding the directory's lock (`lock_output`)."""
     with contextlib.suppress(FileNotFoundError):
         _marker_path(out_dir, unit).unlink()
-    for pattern in (f"part-{unit:06d}-*.rxs", f".part-{unit:06d}-*.rxs.*.tmp"):
-        for path in glob.glob(str(out_dir / pattern), include_hidden=True):
+    patterns = (
+        str(out_dir / f"part-{unit:06d}-*.rxs"),
+        str(out_dir / f".part-{unit:06d}-*.rxs.*.tmp"),
+        str(out_dir / STATE_DIR / f".unit-{unit:06d}.json.*.tmp"),
+    )
+    for pattern in patterns:
+        for path in glob.glob(pattern, include_hidden=True):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+
+
+# ---- preparing the output ------------------------------------------------------------------
+
+
+def prepare_output(out_dir: Path, plan: PackSpec, overwrite: bool, lock: PackLock) -> bool:
+    """Make ``out_dir`` (locked by ``lock``) ready for ``plan``; True when resuming it.
+
+    An empty directory (or one holding only lock files) gets the plan; one holding the same
+    pack resumes; anything else (another dataset, another pack, other files) is refused
+    unless ``overwrite``, which removes what roxxel wrote there: the shards the old manifest
+    lists, the old pack's shards and state, roxxel's temp files. Other files stay.
+    """
+    with _plan_mutex(out_dir):
+        old = _peek_plan(out_dir)
+        if old == plan:
+            return True
+        if not _is_fresh(out_dir):
+            restart = old is not None and _nothing_finished(out_dir)
+            if not overwrite and not restart:
+                found = "a pack with other arguments" if old else "a dataset or other files"
+                raise ConfigError(
+                    f"{out_dir}: output directory holds {found} (expected an empty directory "
+                    f"or the same pack arguments; pass --overwrite to replace it)",
+                    path=out_dir,
+                )
+            with lock.alone():
+                _remove_roxxel_files(out_dir)
+        write_json_atomic(out_dir / STATE_DIR / "plan.json", plan.to_json())
+    return False
+
+
+@contextlib.contextmanager
+def _plan_mutex(out_dir: Path) -> Iterator[None]:
+    """Tasks starting together read and write the plan one at a time."""
+    fd = _open_lock(out_dir / STATE_DIR / "plan.lock")
+    try:
+        deadline = time.monotonic() + STALE_WAIT_SECONDS
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise _busy(str(out_dir), _run_holders(out_dir), out_dir) from None
+                time.sleep(0.001)  # held for the few milliseconds a plan takes
+        yield
+    finally:
+        os.close(fd)
+
+
+def _is_fresh(out_dir: Path) -> bool:
+    """Nothing there but roxxel's lock files (and temp files of a plan never published)."""
+    names = [p.name for p in out_dir.iterdir() if p.name != STATE_DIR]
+    state = [p.name for p in (out_dir / STATE_DIR).iterdir()]
+    return not names and all(_LOCK_NAMES.match(n) or TEMP_NAME.match(n) for n in state)
+
+
+def _nothing_finished(out_dir: Path) -> bool:
+    """A pack that failed before finishing any unit: safe to start over without asking."""
+    if (out_dir / MANIFEST_NAME).exists():
+        return False
+    return not glob.glob(str(out_dir / STATE_DIR / "unit-*.json"))
+
+
+def _remove_roxxel_files(out_dir: Path) -> None:
+    """What roxxel wrote in ``out_dir`` (the caller holds it alone); never the lock files."""
+    state = out_dir / STATE_DIR
+    state_names = [p.name for p in state.iterdir() if p.is_file()]
+    was_pack = any(n == "plan.json" or _MARKER_NAME.match(n) for n in state_names)
+    remove_shards(out_dir, listed_shards(out_dir))
+    for path in out_dir.iterdir():
+        ours = TEMP_NAME.match(path.name) or path.name == MANIFEST_NAME
+        if (ours or (was_pack and _PART_NAME.match(path.name))) and path.is_file():
+            path.unlink()
+    for name in state_names:
+        if not _LOCK_NAMES.match(name):
+            (state / name).unlink()
+
+
+# ---- finalize and merge --------------------------------------------------------------------
+
+
+def _find_units(dirs: list[Path], plan: PackSpec) -> dict[int, tuple[Path, dict[str, Any]]]:
+    """Each done unit of ``plan`` and the first of ``dirs`` holding it. Only the markers that
+    exist are read, so the work is bounded by the files, never by ``plan.num_units``."""
+    found: dict[int, tuple[Path, dict[str, Any]]] = {}
+    for folder in dirs:
+        with contextlib.suppress(FileNotFoundError):
+            names = sorted(os.listdir(folder / STATE_DIR))
+            for match in filter(None, map(_MARKER_NAME.match, names)):
+                unit = int(match[1])
+                if unit < plan.num_units and unit not in found:
+                    doc = load_unit(folder, plan.fingerprint, unit)
+                    if doc is not None:
+                        found[unit] = (folder, doc)
+    return found
+
+
+def _refuse_missing(where: object, found: dict[int, Any], plan: PackSpec) -> None:
+    missing_count = plan.num_units - len(found)
+    if not missing_count:
+        return
+    missing: list[int] = []
+    unit = 0
+    while len(missing) < 10 and unit < plan.num_units:  # at most len(found) + 10 steps
+        if unit not in found:
+            missing.append(unit)
+        unit += 1
+    shown = ", ".join(map(str, missing)) + (" ..." if missing_count > 10 else "")
+    raise ConfigError(
+        f"{where}: {missing_count} of {plan.num_units} work units not packed or damaged "
+        f"(units {shown}; expected all: run the remaining tasks, or rerun pack)"
+    )
 
 
 def finalize(out_dir: Path) -> Path:
     """Check every unit of the pack in ``out_dir`` and write ``manifest.json``.
 
-    Raises ConfigError naming the missing or damaged units.
+    The caller holds the directory's lock. Raises ConfigError naming the missing or damaged
+    units.
     """
-    plan = _read_plan(out_dir)
-    if plan is None:
-        raise ConfigError(f"{out_dir}: no pack plan (expected a directory written by roxxel pack)")
-    docs = [load_unit(out_dir, plan.fingerprint, u) for u in range(plan.num_units)]
-    missing = [u for u, d in enumerate(docs) if d is None]
-    if missing:
-        shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
-        raise ConfigError(
-            f"{out_dir}: {len(missing)} of {plan.num_units} work units not packed or damaged "
-            f"(units {shown}; expected all: run the remaining tasks, or rerun pack)"
-        )
+    plan = read_plan(out_dir)
+    found = _find_units([out_dir], plan)
+    _refuse_missing(out_dir, found, plan)
     infos = [
         ShardInfo(out_dir / s["name"], s["num_records"], s["num_bytes"], s["checksum"])
-        for d in docs
-        if d is not None
-        for s in d["shards"]
+        for unit in range(plan.num_units)
+        for s in found[unit][1]["shards"]
     ]
     if not infos:
         raise ConfigError(f"{out_dir}: every work unit is empty (expected at least one record)")
@@ -194,37 +529,56 @@ def finalize(out_dir: Path) -> Path:
 def merge(part_dirs: list[Path], out_dir: Path, overwrite: bool) -> Path:
     """Gather the units of one pack, written by several tasks, into ``out_dir``; finalize.
 
-    Every part must hold the same pack (equal plan fingerprints). Shards are hard-linked
-    (copied across file systems) into ``out_dir`` unless already there.
+    Every part must hold the same pack (equal plan fingerprints) and, together, every unit;
+    both are checked before anything is written. Shards are hard-linked (copied across file
+    systems) into ``out_dir`` through a temp name and a rename. Holds ``out_dir``'s lock.
     """
-    plans: list[PackSpec] = []
-    for d in part_dirs:
-        found = _read_plan(d)
-        if found is None:
-            raise ConfigError(f"{d}: no pack plan (expected a directory written by roxxel pack)")
-        plans.append(found)
+    plans = [read_plan(d) for d in part_dirs]
     plan = plans[0]
     if any(p.fingerprint != plan.fingerprint for p in plans):
         raise ConfigError(
             f"{part_dirs}: parts of different packs (fingerprints differ, expected one pack's tasks)"
         )
-    prepare_output(out_dir, plan, overwrite)
-    for unit in range(plan.num_units):
-        if load_unit(out_dir, plan.fingerprint, unit) is None:
-            _copy_unit(part_dirs, out_dir, plan.fingerprint, unit)
-    return finalize(out_dir)
+    with lock_output(out_dir) as lock:
+        here = [out_dir] if _peek_plan(out_dir) == plan else []
+        dirs = [*here, *(d for d in part_dirs if d.resolve() != out_dir.resolve())]
+        found = _find_units(dirs, plan)
+        _refuse_missing(out_dir, found, plan)
+        prepare_output(out_dir, plan, overwrite, lock)
+        for unit in range(plan.num_units):
+            part, doc = found[unit]
+            if part is not out_dir:
+                _copy_unit(part, out_dir, unit, doc)
+        return finalize(out_dir)
 
 
-def _copy_unit(part_dirs: list[Path], out_dir: Path, fingerprint: str, unit: int) -> None:
-    for part in part_dirs:
-        doc = load_unit(part, fingerprint, unit)
-        if doc is None or part.resolve() == out_dir.resolve():
-            continue
-        remove_unit_files(out_dir, unit)
-        for s in doc["shards"]:
+def _copy_unit(part: Path, out_dir: Path, unit: int, doc: dict[str, Any]) -> None:
+    remove_unit_files(out_dir, unit)
+    for s in doc["shards"]:  # names checked by load_unit: this unit's own shard names
+        _copy_file(part / s["name"], out_dir / s["name"])
+    write_json_atomic(_marker_path(out_dir, unit), doc)
+
+
+def _copy_file(source: Path, target: Path) -> None:
+    """Hard-link (or copy) ``source`` to a temp name beside ``target``, then rename it."""
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    with naming(target):
+        try:
+            os.link(source, tmp)
+        except OSError:  # another file system, or no hard links there
+            copy = AtomicFile(target)
             try:
-                os.link(part / s["name"], out_dir / s["name"])
-            except OSError:
-                shutil.copyfile(part / s["name"], out_dir / s["name"])
-        write_json_atomic(_marker_path(out_dir, unit), doc)
-        return
+                with open(source, "rb") as f:
+                    shutil.copyfileobj(f, copy.file, 8 << 20)
+                copy.publish()
+            except BaseException:
+                copy.discard()
+                raise
+            return
+        try:
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        fsync_dir(target.parent)

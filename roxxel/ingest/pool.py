@@ -10,17 +10,27 @@ Python thread running (a progress bar's monitor, say) and no JAX, PyTorch or Ten
 loaded. Otherwise a fork could copy a lock that another thread holds and never releases,
 so the workers start from a forkserver instead (a fresh interpreter: about 0.3 s). Native
 thread pools that handle a fork themselves (OpenBLAS's, under numpy) are not counted.
+
+A worker never outlives the pack: on Linux it asks the kernel to SIGKILL it when its parent
+ends (``PR_SET_PDEATHSIG``; the parent is the thread that made the pool, or the forkserver,
+which ends with this process), and anywhere it stops when its pipe breaks. It also keeps a
+copy of the output directory's lock (``lock_fd``), so the directory stays locked while any
+process of the pack lives: an orphan can never write into a directory a new run owns.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import json
 import multiprocessing
+import os
+import signal
 import sys
 import threading
 from collections.abc import Iterator
+from multiprocessing import reduction
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -33,6 +43,7 @@ __all__ = ["START_METHODS", "UnitPool", "start_method"]
 
 JOIN_SECONDS = 60.0  # a stopped worker ends its current unit first
 FORK_UNSAFE = ("jax", "torch", "tensorflow")  # their thread pools do not survive a fork
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 START_METHODS = ("auto", "fork", "forkserver", "spawn")
 
 
@@ -50,14 +61,21 @@ class UnitPool:
     The worker processes start in the constructor: make the pool before starting threads
     (a progress bar, say) so that they can be forked. ``method`` "auto" picks
     `start_method`; "fork", "forkserver" or "spawn" overrule it (the caller vouches that
-    its threads survive a fork). Use it as a context manager; leaving it early stops the
-    workers after their current unit (finished units are kept).
+    its threads survive a fork). ``lock_fd``, the output directory's lock
+    (`roxxel.ingest.parts.PackLock.fd`), is held by every worker too. Use it as a context
+    manager; leaving it early stops the workers after their current unit (finished units
+    are kept).
     """
 
     def __init__(
-        self, config: PackConfig, units: list[WorkUnit], workers: int, method: str = "auto"
+        self,
+        config: PackConfig,
+        units: list[WorkUnit],
+        workers: int,
+        method: str = "auto",
+        lock_fd: int | None = None,
     ):
-        self.config, self.units = config, units
+        self.config, self.units, self.lock_fd = config, units, lock_fd
         num_procs = max(0, min(workers, len(units)) - 1)
         if method not in START_METHODS:
             raise ConfigError(f"start method {method!r} (expected one of {START_METHODS})")
@@ -83,7 +101,10 @@ class UnitPool:
         # a forked child closes its copies of the earlier workers' read ends, so that a
         # worker whose main process is gone finds its pipe broken
         inherited = list(self.pipes) if self.method == "fork" else []
-        proc = ctx.Process(target=_work, args=(config_json, plan, self.counter, send, inherited))
+        held = None if self.lock_fd is None else _HeldFd(self.lock_fd)
+        parent = None if self.method == "forkserver" else os.getpid()
+        args = (config_json, plan, self.counter, send, inherited, held, parent)
+        proc = ctx.Process(target=_work, args=args)
         proc.start()
         send.close()
         self.pipes.append(receive)
@@ -151,9 +172,20 @@ def _take(counter: Any, num_units: int) -> int | None:
 
 
 def _work(
-    config_json: str, plan: str, counter: Any, pipe: Connection, inherited: list[Connection]
+    config_json: str,
+    plan: str,
+    counter: Any,
+    pipe: Connection,
+    inherited: list[Connection],
+    held: _HeldFd | None,
+    parent: int | None,
 ) -> None:
-    """A worker process: pack units until none is left, reporting each on ``pipe``."""
+    """A worker process: pack units until none is left, reporting each on ``pipe``.
+
+    ``held`` (the output's lock) stays open until the process ends; ``parent`` is the pid
+    of the parent process, or None when a forkserver started this one.
+    """
+    _die_with_parent(parent)
     for other in inherited:
         other.close()
     units = [WorkUnit.from_json(u) for u in json.loads(plan)]
@@ -172,6 +204,31 @@ def _work(
             pipe.send_bytes(json.dumps({"error": type(e).__name__, "message": str(e)}).encode())
     finally:
         pipe.close()
+
+
+class _HeldFd:
+    """A file descriptor a worker keeps open for its whole life; pickled (spawn,
+    forkserver) as a duplicate sent to the child, inherited as it is by a fork."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, tuple[Any]]:
+        return _rebuild_held, (reduction.DupFd(self.fd),)
+
+
+def _rebuild_held(duplicate: Any) -> _HeldFd:
+    return _HeldFd(duplicate.detach())
+
+
+def _die_with_parent(parent: int | None) -> None:
+    """Ask Linux to SIGKILL this process when its parent ends (SIGKILL: even a stopped
+    process dies); exit now if the parent ended before the request took effect."""
+    if sys.platform != "linux":
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
 
 
 def _config_json(config: PackConfig) -> str:

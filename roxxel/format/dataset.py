@@ -7,6 +7,10 @@ entry's record count and index checksum (M9, one 64-byte read per shard at open)
 shard, when first mapped, must match its entry's count, checksum and schema (M9). Global
 index -> (shard, local index) is a binary search over cumulative counts; shards are mapped
 lazily, so opening a dataset costs an open, a stat and a 64-byte read per shard.
+
+A dataset at a URL (``s3://``, ``gs://``, ``file://``, any fsspec URL; docs/remote.md) reads
+its manifest from the store and maps each shard from a verified local cache
+(`roxxel.format.cache`), fetched on first use or ahead through `Dataset.prefetch`.
 """
 
 from __future__ import annotations
@@ -18,14 +22,16 @@ import os
 import stat
 import threading
 import weakref
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from roxxel.errors import FormatError
+from roxxel.errors import ConfigError, FormatError
+from roxxel.format.cache import CacheConfig, ShardCache
 from roxxel.format.gather import Batch, Group, RecordSource, gather, normalize_indices, read_cap
 from roxxel.format.manifest import (
     MANIFEST_MAX_BYTES,
@@ -36,6 +42,7 @@ from roxxel.format.manifest import (
     parse_manifest,
 )
 from roxxel.format.reader import Corruption, Shard, read_trailer
+from roxxel.format.remote import is_url
 from roxxel.format.schema import Schema
 
 __all__ = ["Dataset", "open_dataset"]
@@ -53,6 +60,8 @@ class Dataset(RecordSource):
     that costs); ``max_decoded_bytes`` caps what one read may decode or allocate
     (`roxxel.format.gather.read_cap`: 4 GiB unless ``$ROXXEL_MAX_DECODED_BYTES`` says else).
     Raises FormatError (with ``.rule`` and ``.path``) for a folder that breaks M1-M9.
+    With ``cache`` (see `open_dataset`), ``path`` is ignored: the manifest comes from the
+    cache's URL and ``self.path`` is the cache's folder for the dataset.
     """
 
     def __init__(
@@ -61,8 +70,11 @@ class Dataset(RecordSource):
         *,
         verify: bool = False,
         max_decoded_bytes: int | None = None,
+        cache: ShardCache | None = None,
     ):
-        self.path = Path(path)
+        self.cache = cache
+        self.url = None if cache is None else cache.config.url
+        self.path = Path(path) if cache is None else cache.folder
         self.verify_reads = verify
         self.max_decoded_bytes = read_cap(max_decoded_bytes)
         if self.path.exists() and not self.path.is_dir():
@@ -72,8 +84,12 @@ class Dataset(RecordSource):
                 rule="M1",
                 path=self.path,
             )
-        self.manifest: Manifest = _read_manifest(self.path / MANIFEST_NAME)
-        self._check_entries()
+        if cache is None:
+            self.manifest: Manifest = _read_manifest(self.path / MANIFEST_NAME)
+            self._check_entries()
+        else:  # M7-M9 are checked shard by shard as the cache fetches them
+            self.manifest = cache.read_manifest()
+        self._recent: OrderedDict[int, None] = OrderedDict()  # mapped cached shards, LRU first
         counts = [s.num_records for s in self.manifest.shards]
         self.shard_starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(
             np.int64
@@ -114,7 +130,26 @@ class Dataset(RecordSource):
                 shard = self._shards[k]
                 if shard is None:
                     shard = self._shards[k] = self._open_shard(k)
+                    self._release_cold(k)
+        if self.cache is not None and self.cache.config.cache_limit_bytes is not None:
+            self._recent[k] = None
+            self._recent.move_to_end(k)
         return shard
+
+    def prefetch(self, shard_ids: Iterable[int]) -> None:
+        """Start fetching these shards in the background, in this order (a dataset at a URL;
+        a local one has nothing to fetch). Returns at once; never raises for a fetch (the
+        read that needs the shard does)."""
+        if self.cache is None:
+            return
+        wanted = dict.fromkeys(int(k) for k in shard_ids if self._shards[int(k)] is None)
+        self.cache.prefetch(self.manifest.shards[k] for k in wanted)
+
+    def shard_if_ready(self, k: int) -> Shard | None:
+        """Shard ``k`` if it can be mapped without waiting for the network, else None."""
+        if self.cache is None:
+            return self.shard(k)
+        return self._shards[k]
 
     def record(self, i: int) -> dict[str, Any]:
         """Record ``i`` (already in range), from the shard that holds it."""
@@ -150,6 +185,7 @@ class Dataset(RecordSource):
 
     def element_starts(self, field: str) -> np.ndarray:
         """Cumulative element counts of ``field`` per shard (num_shards + 1, int64)."""
+        self.prefetch(range(self.num_shards))  # a dataset at a URL: all in parallel
         sizes = [self.shard(k).flat(field).size for k in range(self.num_shards)]
         return np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
 
@@ -175,7 +211,13 @@ class Dataset(RecordSource):
     def _open_shard(self, k: int) -> Shard:
         entry = self.manifest.shards[k]
         path = self.path / entry.path
+        held = None
+        while self.cache is not None and held is None:  # evicted between fetch and hold: again
+            path = self.cache.fetch(entry)
+            held = self.cache.hold(entry)
         shard = Shard(path, verify=self.verify_reads, max_decoded_bytes=self.max_decoded_bytes)
+        if held is not None:  # the shared lock lives as long as the mapping (views included)
+            weakref.finalize(shard._mmap, os.close, held)
         found = (len(shard), shard.num_bytes, checksum_text(shard.index_checksum))
         expected = (entry.num_records, entry.num_bytes, entry.checksum)
         if found != expected:
@@ -203,31 +245,79 @@ class Dataset(RecordSource):
                 )
             seen.add((info.st_dev, info.st_ino))
 
+    def _release_cold(self, opened: int) -> None:
+        """With a cache limit: drop this dataset's least recently used mappings while the
+        cache is over its limit, so eviction may remove them (live views still pin theirs)."""
+        cache = self.cache
+        if cache is None or cache.config.cache_limit_bytes is None:
+            return
+        while self._recent and cache.cached_bytes() > cache.config.cache_limit_bytes:
+            k, _ = self._recent.popitem(last=False)
+            shard, self._shards[k] = self._shards[k], None
+            if k == opened:
+                self._shards[k] = shard
+            elif shard is not None:
+                shard.close()
+
     def __reduce__(self) -> tuple[Any, ...]:
+        config = None if self.cache is None else self.cache.config
         state = (str(self.path), self.fingerprint, self.verify_reads, self.max_decoded_bytes)
-        return (_reopen, state)
+        return (_reopen, (*state, config))
 
     def __repr__(self) -> str:
+        where = str(self.path) if self.url is None else self.url
         return (
-            f"Dataset({str(self.path)!r}, num_records={self._num}, num_shards={self.num_shards},"
+            f"Dataset({where!r}, num_records={self._num}, num_shards={self.num_shards},"
             f" fields={self.schema.to_json()})"
         )
 
 
 def open_dataset(
-    path: str | os.PathLike[str], *, verify: bool = False, max_decoded_bytes: int | None = None
+    path: str | os.PathLike[str],
+    *,
+    verify: bool = False,
+    max_decoded_bytes: int | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    cache_limit_bytes: int | None = None,
 ) -> Dataset:
-    """Open a dataset directory written by `DatasetWriter` (or ``roxxel pack``).
+    """Open a dataset directory written by `DatasetWriter` (or ``roxxel pack``), or at a URL.
 
     ``verify=True`` checks each record read; ``max_decoded_bytes`` caps what one read may
-    decode or allocate (default 4 GiB or ``$ROXXEL_MAX_DECODED_BYTES``).
+    decode or allocate (default 4 GiB or ``$ROXXEL_MAX_DECODED_BYTES``). A URL
+    (``s3://bucket/ds``, any fsspec URL; docs/remote.md) is read through a verified local
+    cache in ``cache_dir`` (default ``$ROXXEL_CACHE_DIR`` or ``~/.cache/roxxel``), shared by
+    the processes of a host; ``storage_options`` go to fsspec; ``cache_limit_bytes`` evicts
+    least recently used shards no mapping holds. Cache options for a local path are a
+    ConfigError.
     """
-    return Dataset(path, verify=verify, max_decoded_bytes=max_decoded_bytes)
+    if not is_url(path):
+        given = (cache_dir, storage_options, cache_limit_bytes)
+        if any(option is not None for option in given):
+            raise ConfigError(
+                f"open_dataset: cache options for the local path {str(path)!r} (expected a"
+                " URL such as s3://bucket/ds with cache_dir, storage_options, cache_limit_bytes)"
+            )
+        return Dataset(path, verify=verify, max_decoded_bytes=max_decoded_bytes)
+    default = os.environ.get("ROXXEL_CACHE_DIR") or Path.home() / ".cache" / "roxxel"
+    config = CacheConfig(
+        str(path), Path(cache_dir or default), dict(storage_options or {}), cache_limit_bytes
+    )
+    return Dataset(
+        path, verify=verify, max_decoded_bytes=max_decoded_bytes, cache=ShardCache(config)
+    )
 
 
-def _reopen(path: str, fingerprint: str, verify: bool, max_decoded_bytes: int) -> Dataset:
+def _reopen(
+    path: str,
+    fingerprint: str,
+    verify: bool,
+    max_decoded_bytes: int,
+    config: CacheConfig | None = None,
+) -> Dataset:
     """Unpickle a dataset: open it again and check it is the dataset that was pickled."""
-    dataset = Dataset(path, verify=verify, max_decoded_bytes=max_decoded_bytes)
+    cache = None if config is None else ShardCache(config)
+    dataset = Dataset(path, verify=verify, max_decoded_bytes=max_decoded_bytes, cache=cache)
     if dataset.fingerprint != fingerprint:
         raise FormatError(
             f"{path}: dataset changed since it was pickled (fingerprint {dataset.fingerprint},"

@@ -119,16 +119,18 @@ class Records:
                 )
 
     def advise(self, indices: np.ndarray) -> None:
-        """Read-ahead hint (MADV_WILLNEED) for the pages of these records' fixed-shape
-        fields: one call per run of nearby records, not per record."""
-        fixed = [f for f in self.fields if not f.is_variable]
-        if not fixed or not len(indices):
+        """Read-ahead for these records: a dataset at a URL starts fetching their shards
+        (`Dataset.prefetch`); then a hint (MADV_WILLNEED) for the pages of their fixed-shape
+        fields in shards already mapped, one call per run of nearby records."""
+        if not len(indices):
             return
         shard_ids, local = self.dataset.locate(np.asarray(indices, dtype=np.int64))
-        for field in fixed:
+        self.dataset.prefetch(shard_ids.tolist())
+        for field in [f for f in self.fields if not f.is_variable]:
             unit = field.unit_bytes
             for shard, lo, hi in merge_ranges(shard_ids, local * unit, (local + 1) * unit):
-                self.dataset.shard(shard).advise(field.name, lo, hi)
+                if (mapped := self.dataset.shard_if_ready(shard)) is not None:
+                    mapped.advise(field.name, lo, hi)
 
     def fingerprint(self) -> str:
         layout = _layout_json(self._layout)
@@ -154,6 +156,7 @@ def longest_record(dataset: Dataset, field: str) -> int:
     known = _LONGEST.setdefault(dataset, {})
     if field not in known:
         longest = 0
+        dataset.prefetch(range(dataset.num_shards))  # a dataset at a URL: all in parallel
         for k in range(dataset.num_shards):
             column = dataset.shard(k).columns[field]
             if column.num_records:

@@ -287,8 +287,10 @@ class TokenWindows(_Stream):
             stops = np.concatenate([local[: inside.sum()] + self.width, extra[:, 2]])
         else:
             stops = local + self.width
+        self.dataset.prefetch(shards.tolist())  # a dataset at a URL: fetch ahead
         for shard, lo, hi in merge_ranges(shards, local * itemsize, stops * itemsize):
-            self.dataset.shard(shard).advise(self.field, lo, hi)
+            if (mapped := self.dataset.shard_if_ready(shard)) is not None:
+                mapped.advise(self.field, lo, hi)
 
     def _window_starts(self, indices: np.ndarray) -> np.ndarray:
         indices = np.asarray(indices, dtype=np.int64)

@@ -1,0 +1,393 @@
+"""The verified local shard cache of a dataset at a URL: fetch once per host, map like local.
+
+A shard is fetched into ``<cache_dir>/<dataset key>/`` as a temp file, checked completely
+before it gets its name: its size against the manifest entry (M8), its header, trailer and
+index (R1-R15, as opening any shard does), the entry's record count and index checksum (M9),
+and every record checksum (R16-R18, `Shard.verify`). Together these cover every byte of the
+file, so a shard that does not match is never published; it is refused with a `FormatError`
+naming the rule and the shard's URL. Then ``os.replace`` publishes it.
+
+Between processes of one host: a fetch holds ``.<name>.lock`` (``fcntl.flock``, exclusive),
+so each shard is fetched once and the others wait and reuse it; a process mapping a shard
+holds a shared ``flock`` on the shard file itself for as long as the mapping lives; eviction
+(``cache_limit_bytes``, least recently used first) removes only shards whose exclusive lock it
+gets without waiting, i.e. that no process maps. A file left by a fetcher killed mid-way is a
+``.part`` file, never a shard; the next fetch of that shard removes it.
+
+Within a process: at most ``max_fetches`` downloads run at once (a thread pool for
+`prefetch`); a shard wanted now that is still queued is fetched at once by the caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import secrets
+import threading
+from collections.abc import Iterable, Mapping
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from roxxel.errors import ConfigError, FormatError, RoxxelError, check_int
+from roxxel.format.manifest import (
+    MANIFEST_MAX_BYTES,
+    MANIFEST_NAME,
+    Manifest,
+    ShardEntry,
+    checksum_text,
+    parse_manifest,
+)
+from roxxel.format.reader import Shard, read_trailer
+from roxxel.format.remote import FetchPolicy, RemoteStore, join_url
+
+__all__ = ["CacheConfig", "ShardCache"]
+
+_PART = ".part"
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """Where a dataset at ``url`` is cached and how it is fetched.
+
+    ``cache_limit_bytes``: evict least recently used shards no mapping holds once the cached
+    shards of this dataset would exceed it (None: keep everything). ``max_fetches``: parallel
+    downloads per process. ``storage_options`` go to fsspec (endpoint, credentials); they are
+    never shown in a repr or message.
+    """
+
+    url: str
+    cache_dir: Path
+    storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    cache_limit_bytes: int | None = None
+    max_fetches: int = 4
+    policy: FetchPolicy = field(default_factory=FetchPolicy)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cache_dir", Path(self.cache_dir))
+        if self.cache_limit_bytes is not None:
+            check_int("cache_limit_bytes", self.cache_limit_bytes, 1)
+        check_int("max_fetches", self.max_fetches, 1, 256)
+        if not isinstance(self.storage_options, Mapping):
+            raise ConfigError(
+                f"storage_options: {type(self.storage_options).__name__} (expected a mapping)"
+            )
+
+    @property
+    def folder(self) -> Path:
+        """This dataset's folder in the cache: its last URL part and a digest of the URL."""
+        url = self.url.rstrip("/")
+        tail = re.sub(r"[^A-Za-z0-9._-]", "_", url.rsplit("/", 1)[-1])[:64] or "dataset"
+        digest = hashlib.blake2b(url.encode(), digest_size=8).hexdigest()
+        return self.cache_dir / f"{tail}-{digest}"
+
+
+class ShardCache:
+    """The local copies of one remote dataset's shards (see the module docstring).
+
+    Thread-safe. `fetch` blocks until the shard is published (or raises); `prefetch` queues
+    fetches and returns at once; `hold` pins a published shard against eviction. `close` stops
+    queued fetches and waits for running ones.
+    """
+
+    def __init__(self, config: CacheConfig) -> None:
+        self.config = config
+        self.store = RemoteStore(config.url, config.storage_options, config.policy)
+        self.folder = config.folder
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._inflight: dict[str, Future[Path]] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._published: set[str] = set()  # names this object saw published: prefetch skips
+        self.num_fetched = 0  # shards this object downloaded (not reused): for tests, progress
+
+    def read_manifest(self) -> Manifest:
+        """The dataset's manifest, read from the store and checked (M1-M6)."""
+        where = join_url(self.config.url, MANIFEST_NAME)
+        data = self.store.read(MANIFEST_NAME, 0, MANIFEST_MAX_BYTES + 1)
+        return parse_manifest(data, where)
+
+    def fetch(self, entry: ShardEntry) -> Path:
+        """The local path of ``entry``'s shard, fetched and verified if it is not cached."""
+        while True:
+            mine: Future[Path] | None = None
+            with self._lock:
+                queued = self._inflight.get(entry.path)
+                if queued is None or queued.cancel():  # not started: run it here, now
+                    mine = self._inflight[entry.path] = Future()
+                    mine.set_running_or_notify_cancel()
+            if mine is not None or queued is None:
+                return self._run(entry, mine or Future())
+            try:
+                return queued.result()
+            except CancelledError:  # another caller took it over; ask again
+                continue
+
+    def prefetch(self, entries: Iterable[ShardEntry]) -> None:
+        """Queue fetches of these shards (at most ``max_fetches`` at once); returns at once.
+
+        A failed prefetch is dropped: the fetch that needs the shard tries again and raises.
+        """
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.config.max_fetches, "roxxel-fetch")
+            for entry in entries:
+                if entry.path in self._inflight or entry.path in self._published:
+                    continue
+                future: Future[Path] = Future()
+                self._inflight[entry.path] = future
+                self._pool.submit(self._queued, entry, future)
+
+    def is_current(self, entry: ShardEntry) -> bool:
+        """Whether the cached file of ``entry`` exists with the entry's size and trailer."""
+        try:
+            fd = os.open(self.folder / entry.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            return _matches(fd, entry)
+        finally:
+            os.close(fd)
+
+    def hold(self, entry: ShardEntry) -> int | None:
+        """A file descriptor holding a shared lock on the published shard (close it to let it
+        go), or None when it is not there (evicted meanwhile: fetch again)."""
+        path = self.folder / entry.path
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        try:
+            if os.fstat(fd).st_ino == os.stat(path).st_ino and _matches(fd, entry):
+                os.utime(path)  # recency for the LRU
+                return fd
+        except FileNotFoundError:
+            pass  # evicted between open and lock
+        os.close(fd)
+        return None
+
+    def cached_bytes(self) -> int:
+        """Bytes of the shards published in this dataset's cache folder."""
+        return sum(size for _, size, _ in _published(self.folder))
+
+    def evict(self, room_bytes: int = 0) -> int:
+        """Remove least recently used shards no process maps until the cache plus
+        ``room_bytes`` fits ``cache_limit_bytes``; returns the bytes removed."""
+        limit = self.config.cache_limit_bytes
+        if limit is None:
+            return 0
+        files = sorted(_published(self.folder), key=lambda f: f[2])
+        total = sum(size for _, size, _ in files)
+        removed = 0
+        for path, size, _ in files:
+            if total + room_bytes - removed <= limit:
+                break
+            if _remove_if_unused(path):
+                removed += size
+                with self._lock:
+                    self._published.discard(path.name)
+        return removed
+
+    def close(self) -> None:
+        """Cancel queued fetches and wait for running ones."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def __repr__(self) -> str:
+        return f"ShardCache({self.config.url!r}, folder={str(self.folder)!r})"
+
+    def _queued(self, entry: ShardEntry, future: Future[Path]) -> None:
+        if not future.set_running_or_notify_cancel():
+            return  # a caller took it over
+        # dropped: the fetch that needs this shard raises it (see prefetch)
+        with contextlib.suppress(RoxxelError, OSError):
+            self._run(entry, future)
+
+    def _run(self, entry: ShardEntry, future: Future[Path]) -> Path:
+        try:
+            path = self._fetch_once(entry)
+        except BaseException as exc:
+            future.set_exception(exc)
+            raise
+        finally:
+            with self._lock:
+                if self._inflight.get(entry.path) is future:
+                    del self._inflight[entry.path]
+        with self._lock:
+            self._published.add(entry.path)
+        future.set_result(path)
+        return path
+
+    def _fetch_once(self, entry: ShardEntry) -> Path:
+        """Under the shard's host-wide lock: reuse a current copy or download and publish."""
+        path = self.folder / entry.path
+        lock = os.open(self.folder / f".{entry.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self.is_current(entry):
+                return path
+            _remove_parts(self.folder, entry.path)  # left by a fetcher that died
+            self.evict(entry.num_bytes)
+            temp = self.folder / f".{entry.path}.{os.getpid()}.{secrets.token_hex(4)}{_PART}"
+            try:
+                self._download(entry, temp)
+                self._check(entry, temp)
+                os.replace(temp, path)
+            finally:
+                temp.unlink(missing_ok=True)
+            _fsync_dir(self.folder)
+            with self._lock:
+                self.num_fetched += 1
+            return path
+        finally:
+            os.close(lock)  # releases the flock
+
+    def _download(self, entry: ShardEntry, temp: Path) -> None:
+        """Stream the object into ``temp`` in ranged reads (each retried), size-checked."""
+        url = join_url(self.config.url, entry.path)
+        chunk = self.config.policy.chunk_bytes
+        with open(temp, "wb") as out:
+            offset = 0
+            while offset < entry.num_bytes:
+                want = min(chunk, entry.num_bytes - offset)
+                data = self.store.read(entry.path, offset, offset + want)
+                if len(data) != want:
+                    raise _refused(
+                        url,
+                        "M8",
+                        f"the object ends at {offset + len(data)} bytes"
+                        f" (expected the manifest's {entry.num_bytes})",
+                    )
+                out.write(data)
+                offset += want
+            if self.store.read(entry.path, offset, offset + 1):
+                raise _refused(
+                    url,
+                    "M8",
+                    f"the object is longer than {entry.num_bytes} bytes"
+                    " (expected the manifest's size)",
+                )
+            out.flush()
+            os.fsync(out.fileno())
+
+    def _check(self, entry: ShardEntry, temp: Path) -> None:
+        """Every rule a published shard must meet (module docstring), or FormatError."""
+        url = join_url(self.config.url, entry.path)
+        try:
+            shard = Shard(temp)
+        except FormatError as exc:
+            raise _refused(url, exc.rule or "R1", _what(exc, temp), exc.offset) from None
+        try:
+            found = (len(shard), shard.num_bytes, checksum_text(shard.index_checksum))
+            expected = (entry.num_records, entry.num_bytes, entry.checksum)
+            if found != expected:
+                raise _refused(
+                    url,
+                    "M9",
+                    f"(records, bytes, checksum) {found} (expected the manifest's {expected})",
+                )
+            bad = shard.verify()
+            if bad:
+                first = bad[0]
+                rule = m.group(1) if (m := re.search(r"\brule (R\d+)", first.message)) else "R16"
+                raise _refused(
+                    url,
+                    rule,
+                    f"{len(bad)} bad record(s), first: field {first.field!r} {first.message}",
+                    first.record,
+                )
+        finally:
+            shard.close()
+
+
+def _what(exc: FormatError, temp: Path) -> str:
+    """A reader's message about the temp file, with the temp file's name taken out."""
+    text = str(exc)
+    return text.removeprefix(f"{temp}: ").replace(str(temp), "the shard")
+
+
+def _refused(url: str, rule: str, what: str, offset: int | None = None) -> FormatError:
+    return FormatError(
+        f"{url}: refused, not published: {what} (rule {rule} of docs/format.md)",
+        rule=rule,
+        path=url,
+        offset=offset,
+    )
+
+
+def _matches(fd: int, entry: ShardEntry) -> bool:
+    """Size and trailer of an open file agree with the manifest entry (cheap: one read)."""
+    size = os.fstat(fd).st_size
+    if size != entry.num_bytes:
+        return False
+    try:
+        trailer = read_trailer(fd, size, entry.path)
+    except FormatError:
+        return False
+    return (trailer.num_records, checksum_text(trailer.index_checksum)) == (
+        entry.num_records,
+        entry.checksum,
+    )
+
+
+def _published(folder: Path) -> list[tuple[Path, int, float]]:
+    """(path, bytes, last use) of each published shard of a cache folder."""
+    found = []
+    with os.scandir(folder) as entries:
+        for item in entries:
+            if item.name.startswith(".") or not item.is_file(follow_symlinks=False):
+                continue
+            try:
+                info = item.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # evicted by another process meanwhile
+            found.append((Path(item.path), info.st_size, info.st_mtime))
+    return found
+
+
+def _remove_if_unused(path: Path) -> bool:
+    """Unlink a published shard if no process maps it and none fetches it right now."""
+    lock = os.open(path.parent / f".{path.name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # being fetched
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            path.unlink(missing_ok=True)  # under the lock: a `hold` then sees it gone
+            return True
+        except BlockingIOError:
+            return False  # mapped by some process
+        finally:
+            os.close(fd)
+    finally:
+        os.close(lock)
+
+
+def _remove_parts(folder: Path, name: str) -> None:
+    """Temp files of ``name`` (the caller holds its lock, so their writers are gone)."""
+    prefix = f".{name}."
+    with os.scandir(folder) as entries:
+        stale = [e.path for e in entries if e.name.startswith(prefix) and e.name.endswith(_PART)]
+    for item in stale:
+        Path(item).unlink(missing_ok=True)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,142 @@
+"""Datasets at a URL: which paths are URLs, the fsspec filesystem behind one, and bounded
+retries that end in one clear error.
+
+fsspec is imported only when a URL is opened (``pip install roxxel[remote]``, or
+``roxxel[s3]`` / ``roxxel[gcs]`` for the protocol's package too), so ``import roxxel`` stays
+light. Credentials and endpoints come from where each protocol looks (environment, config
+files) or from ``storage_options``; nothing here logs or prints them, and error messages name
+the URL only.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from roxxel.errors import ConfigError, check_int
+
+__all__ = ["FetchPolicy", "RemoteStore", "is_url", "join_url"]
+
+T = TypeVar("T")
+
+# a scheme of at least two letters, so "C:\\data" (a Windows drive) is not a URL
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
+# errors no retry can fix: the object is not there, or we may not read it
+_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+
+def is_url(path: object) -> bool:
+    """Whether ``path`` names a dataset through fsspec (``s3://``, ``gs://``, ``file://`` ...).
+
+    >>> is_url("s3://bucket/ds"), is_url("data/ds"), is_url("C:\\\\data")
+    (True, False, False)
+    """
+    return isinstance(path, str) and _URL.match(path) is not None
+
+
+def join_url(url: str, name: str) -> str:
+    """``name`` inside the folder ``url``.
+
+    >>> join_url("s3://bucket/ds/", "shard-0.rxl")
+    's3://bucket/ds/shard-0.rxl'
+    """
+    return f"{url.rstrip('/')}/{name}"
+
+
+@dataclass(frozen=True, slots=True)
+class FetchPolicy:
+    """How hard a read from the store tries: ``attempts`` tries per request, waiting
+    ``backoff_s * 2**k`` seconds after the k-th failure; ``chunk_bytes`` per ranged read."""
+
+    attempts: int = 4
+    backoff_s: float = 0.25
+    chunk_bytes: int = 8 << 20
+
+    def __post_init__(self) -> None:
+        check_int("FetchPolicy.attempts", self.attempts, 1, 100)
+        check_int("FetchPolicy.chunk_bytes", self.chunk_bytes, 1 << 12, 1 << 30)
+        if not isinstance(self.backoff_s, int | float) or not 0 <= self.backoff_s <= 60:
+            raise ConfigError(
+                f"FetchPolicy.backoff_s: {self.backoff_s!r} (expected seconds in [0, 60])"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteStore:
+    """The folder ``url`` of an fsspec filesystem, read with bounded retries.
+
+    Thread-safe (fsspec filesystems are). Every read raises ``ConnectionError`` (an
+    ``OSError``) naming the URL and the last failure once ``policy.attempts`` tries failed;
+    a missing object raises ``FileNotFoundError`` at once.
+    """
+
+    url: str
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    policy: FetchPolicy = field(default_factory=FetchPolicy)
+
+    def filesystem(self) -> tuple[Any, str]:
+        """(fsspec filesystem, path of the folder inside it); fsspec caches the instance."""
+        return _filesystem(self.url, dict(self.storage_options))
+
+    def read(self, name: str, start: int = 0, stop: int | None = None) -> bytes:
+        """Bytes [start, stop) of object ``name`` of the folder (to its end when stop is None)."""
+        fs, root = self.filesystem()
+        path = f"{root.rstrip('/')}/{name}"
+        return self.retry(join_url(self.url, name), lambda: fs.cat_file(path, start, stop))
+
+    def size(self, name: str) -> int:
+        """Size in bytes of object ``name`` of the folder."""
+        fs, root = self.filesystem()
+        path = f"{root.rstrip('/')}/{name}"
+        return int(self.retry(join_url(self.url, name), lambda: fs.size(path)))
+
+    def retry(self, where: str, call: Callable[[], T]) -> T:
+        """``call()``, tried up to ``policy.attempts`` times (see the class contract)."""
+        last: BaseException | None = None
+        for attempt in range(self.policy.attempts):
+            if attempt:
+                time.sleep(self.policy.backoff_s * 2 ** (attempt - 1))
+            try:
+                return call()
+            except _PERMANENT:
+                raise
+            except (OSError, RuntimeError, TimeoutError) as exc:  # network, server, client
+                last = exc
+            except Exception as exc:  # botocore & co. raise their own kinds
+                if not _transient(exc):
+                    raise
+                last = exc
+        raise ConnectionError(
+            f"{where}: unreachable after {self.policy.attempts} attempts"
+            f" ({type(last).__name__}: {last}, expected a reachable store)"
+        ) from last
+
+    def __repr__(self) -> str:  # storage options may hold credentials: never shown
+        return f"RemoteStore({self.url!r})"
+
+
+def _transient(exc: BaseException) -> bool:
+    """Errors of a protocol's own library that a retry may fix (connection, timeout, 5xx)."""
+    name = type(exc).__name__
+    return any(word in name for word in ("Connection", "Timeout", "Endpoint", "ServerError"))
+
+
+def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
+    try:
+        import fsspec.core  # optional: only a URL needs it
+    except ImportError:
+        raise ConfigError(
+            f"{url}: reading a URL needs fsspec (not installed, expected"
+            " `pip install roxxel[remote]`, or roxxel[s3] / roxxel[gcs])"
+        ) from None
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **options)
+    except (ImportError, ValueError) as exc:  # an unknown protocol or its package missing
+        raise ConfigError(
+            f"{url}: no filesystem for this URL ({exc}, expected an fsspec protocol"
+            " whose package is installed, e.g. roxxel[s3])"
+        ) from None
+    return fs, path

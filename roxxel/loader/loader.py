@@ -617,8 +617,11 @@ def _resolve_sharding(sharding: Any) -> Any:
 
 def _context_mesh() -> Mesh | None:
     """The mesh of an enclosing ``jax.sharding.set_mesh``, if this JAX has one."""
-    get_mesh = getattr(jax.sharding, "get_mesh", None)  # JAX < 0.6 has no mesh context
-    mesh = None if get_mesh is None else get_mesh()
+    try:
+        get_mesh = jax.sharding.get_mesh
+    except AttributeError:  # JAX < 0.6 has no mesh context (a version, not a capability)
+        return None
+    mesh = get_mesh()
     return mesh if isinstance(mesh, Mesh) and not mesh.empty else None
 
 

@@ -5,6 +5,7 @@ test_ingest_pack.py)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -14,6 +15,7 @@ import pytest
 
 from roxxel.cli import main
 from roxxel.errors import ConfigError, RoxxelError
+from roxxel.ingest import parts
 from roxxel.ingest import pool as ingest_pool
 from roxxel.ingest.inputs import Input, cut_units
 from roxxel.ingest.pack import PackConfig
@@ -134,3 +136,41 @@ def test_a_pack_leaves_no_thread_behind(tmp_path):
     before = threading.active_count()
     assert main(["pack", str(src), "-o", str(tmp_path / "ds"), "--field", "tokens:int32[]"]) == 0
     assert threading.active_count() == before
+
+
+# A --map whose first record in a worker process waits until the test opens the FIFO.
+FIFO_GATE = """
+import multiprocessing
+
+_waited = []
+
+def fn(record):
+    if multiprocessing.parent_process() is not None and not _waited:
+        _waited.append(1)
+        with open({fifo!r}) as gate:
+            gate.read()
+    return record
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_issue12_item1_workers_hold_the_output_lock_under_every_start_method(tmp_path, method):
+    """A worker keeps the directory locked while it lives, whoever else let go of it."""
+    src = _corpus(tmp_path / "in.jsonl")
+    units = cut_units([Input(str(src), "jsonl")], 2048)
+    fifo = tmp_path / "gate"
+    os.mkfifo(fifo)
+    (tmp_path / "gate.py").write_text(FIFO_GATE.format(fifo=str(fifo)))
+    out = tmp_path / "ds"
+    lock = parts.lock_output(out)
+    config = PackConfig(
+        str(out), {"tokens": "int32[]"}, "f" * 32, ReadOptions(), f"{tmp_path / 'gate.py'}:fn"
+    )
+    with UnitPool(config, units, 2, method, lock_fd=lock.fd) as pool:
+        lock.release()  # the worker still holds it: it waits inside its first unit
+        with pytest.raises(ConfigError, match="is being packed by pid"):
+            parts.lock_output(out)
+        with open(fifo, "w"):
+            pass
+        assert sorted(r.unit for r in pool.results()) == list(range(len(units)))
+    parts.lock_output(out).release()  # every worker has ended: the directory is free

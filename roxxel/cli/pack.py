@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -202,14 +203,8 @@ def _config(args: argparse.Namespace) -> tuple[PackConfig, list[WorkUnit]]:
     parse_compress(config.compress, Schema.parse(schema))  # fail now, not in a worker
     if not args.quiet:
         print(f"schema ({source}): " + ", ".join(f"{k}:{v}" for k, v in schema.items()))
-    config = PackConfig(**{**_fields(config), "schema": schema})
-    return PackConfig(
-        **{**_fields(config), "fingerprint": _fingerprint(args, units, config)}
-    ), units
-
-
-def _fields(config: PackConfig) -> dict:
-    return {name: getattr(config, name) for name in PackConfig.__dataclass_fields__}
+    config = dataclasses.replace(config, schema=schema)
+    return dataclasses.replace(config, fingerprint=_fingerprint(args, units, config)), units
 
 
 def cmd_pack(args: argparse.Namespace) -> int:

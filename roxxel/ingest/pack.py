@@ -345,9 +345,16 @@ def pack_unit(config: PackConfig, unit: WorkUnit) -> UnitResult:
             for record, piece, key in mapped_records(unit, config, bad, dropped):
                 writer.write(record, piece, key)
         shards = writer.close()
-        keys = ("num_records", "num_bytes", "checksum")
         doc = {
-            "shards": [{"name": s.path.name, **{k: getattr(s, k) for k in keys}} for s in shards],
+            "shards": [
+                {
+                    "name": s.path.name,
+                    "num_records": s.num_records,
+                    "num_bytes": s.num_bytes,
+                    "checksum": s.checksum,
+                }
+                for s in shards
+            ],
             "num_dropped": dropped[0],
             "bad": {"count": bad.count, "first": bad.first},
         }

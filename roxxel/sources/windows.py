@@ -232,8 +232,13 @@ class TokenWindows(_Stream):
         return self._dtype
 
     def fingerprint(self) -> str:
-        keys = ("field", "width", "stride", "document_structure", "split_targets")
-        found = {key: getattr(self, key) for key in keys}
+        found = {
+            "field": self.field,
+            "width": self.width,
+            "stride": self.stride,
+            "document_structure": self.document_structure,
+            "split_targets": self.split_targets,
+        }
         if self._declared is not None:  # only when given: earlier fingerprints stay the same
             found["dtype"] = self._declared.str
         return fingerprint_of(

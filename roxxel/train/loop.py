@@ -85,11 +85,14 @@ class TrainConfig:
     console: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("num_steps", "save_every", "metrics_lag"):
-            if getattr(self, name) < 0:
-                raise ConfigError(
-                    f"TrainConfig: {name} is negative ({getattr(self, name)}, expected >= 0)"
-                )
+        counts = {
+            "num_steps": self.num_steps,
+            "save_every": self.save_every,
+            "metrics_lag": self.metrics_lag,
+        }
+        for name, value in counts.items():
+            if value < 0:
+                raise ConfigError(f"TrainConfig: {name} is negative ({value}, expected >= 0)")
         if self.log_every < 1:
             raise ConfigError(f"TrainConfig: log_every is {self.log_every} (expected >= 1)")
         if self.on_nonfinite not in ("stop", "skip"):

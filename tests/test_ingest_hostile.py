@@ -458,3 +458,20 @@ def test_issue13_item8_missing_field_lists_the_records_fields(tmp_path, capsys):
     assert _run("pack", src, "-o", tmp_path / "ds", "--field", "token:int32[]") == 1
     err = _one_line_error(capsys)
     assert f"{src}:1" in err and "'token'" in err and "['id', 'tokens']" in err
+
+
+@pytest.mark.parametrize(
+    ("state", "message"),
+    [
+        ('{"_data_files": [{"filename": "../outside.arrow"}]}', "expected plain file names"),
+        ('{"_data_files": [], "_data_files": []}', "duplicate key"),
+        ("[1, 2]", "unreadable HF dataset state"),
+    ],
+)
+def test_issue12_clear_errors_hf_state_is_parsed_strictly(tmp_path, state, message):
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "state.json").write_text(state)
+    with pytest.raises(ConfigError, match=message) as info:
+        expand_inputs([str(folder)])
+    assert info.value.path == str(folder / "state.json")

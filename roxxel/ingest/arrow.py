@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from roxxel.errors import ConfigError
+from roxxel.errors import ConfigError, load_json
 from roxxel.ingest.units import (
     BadRecords,
     Block,
@@ -344,13 +344,21 @@ def hf_files(directory: str) -> list[str]:
             f"{directory}: a DatasetDict with splits {splits} (expected one split: pass {directory}/<split>)"
         )
     try:
-        with open(state_path, encoding="utf-8") as f:
-            state = json.load(f)
-        files = [os.path.join(directory, d["filename"]) for d in state["_data_files"]]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        with open(state_path, "rb") as f:
+            state = load_json(f.read(), state_path, ConfigError)
+        names = [d["filename"] for d in state["_data_files"]]
+    except (OSError, KeyError, TypeError) as e:
         raise ConfigError(
-            f"{state_path}: unreadable HF dataset state ({e!r}, expected _data_files)"
+            f"{state_path}: unreadable HF dataset state ({e!r}, expected _data_files)",
+            path=state_path,
         ) from None
+    bad = [n for n in names if not isinstance(n, str) or os.path.basename(n) != n or n[:1] in ".~"]
+    if bad:
+        raise ConfigError(
+            f"{state_path}: data file names {bad} (expected plain file names in {directory})",
+            path=state_path,
+        )
+    files = [os.path.join(directory, n) for n in names]
     if state.get("_indices_data_files"):
         raise ConfigError(
             f"{directory}: dataset has an indices mapping (expected none: call "

@@ -28,12 +28,14 @@ import re
 import secrets
 import threading
 from collections.abc import Iterable, Mapping
+from concurrent import futures
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from roxxel.errors import ConfigError, FormatError, RoxxelError, check_int
+from roxxel.format.column import WHY
 from roxxel.format.manifest import (
     MANIFEST_MAX_BYTES,
     MANIFEST_NAME,
@@ -193,6 +195,12 @@ class ShardCache:
                     self._published.discard(path.name)
         return removed
 
+    def wait(self) -> None:
+        """Block until the fetches queued or running now have ended (failed ones included)."""
+        with self._lock:
+            pending = list(self._inflight.values())
+        futures.wait(pending)
+
     def close(self) -> None:
         """Cancel queued fetches and wait for running ones."""
         with self._lock:
@@ -252,13 +260,18 @@ class ShardCache:
     def _download(self, entry: ShardEntry, temp: Path) -> None:
         """Stream the object into ``temp`` in ranged reads (each retried), size-checked."""
         url = join_url(self.config.url, entry.path)
+        size = self.store.size(entry.path)
+        if size != entry.num_bytes:
+            raise _refused(
+                url, "M8", f"object of {size} bytes (expected the manifest's {entry.num_bytes})"
+            )
         chunk = self.config.policy.chunk_bytes
         with open(temp, "wb") as out:
             offset = 0
             while offset < entry.num_bytes:
                 want = min(chunk, entry.num_bytes - offset)
                 data = self.store.read(entry.path, offset, offset + want)
-                if len(data) != want:
+                if len(data) != want:  # changed on the server meanwhile
                     raise _refused(
                         url,
                         "M8",
@@ -267,13 +280,6 @@ class ShardCache:
                     )
                 out.write(data)
                 offset += want
-            if self.store.read(entry.path, offset, offset + 1):
-                raise _refused(
-                    url,
-                    "M8",
-                    f"the object is longer than {entry.num_bytes} bytes"
-                    " (expected the manifest's size)",
-                )
             out.flush()
             os.fsync(out.fileno())
 
@@ -296,7 +302,7 @@ class ShardCache:
             bad = shard.verify()
             if bad:
                 first = bad[0]
-                rule = m.group(1) if (m := re.search(r"\brule (R\d+)", first.message)) else "R16"
+                rule = next((r for r, why in WHY.items() if why in first.message), "R16")
                 raise _refused(
                     url,
                     rule,

@@ -132,8 +132,9 @@ class Dataset(RecordSource):
                     shard = self._shards[k] = self._open_shard(k)
                     self._release_cold(k)
         if self.cache is not None and self.cache.config.cache_limit_bytes is not None:
-            self._recent[k] = None
-            self._recent.move_to_end(k)
+            with self._lock:  # recency for `_release_cold`
+                self._recent[k] = None
+                self._recent.move_to_end(k)
         return shard
 
     def prefetch(self, shard_ids: Iterable[int]) -> None:
@@ -253,11 +254,12 @@ class Dataset(RecordSource):
             return
         while self._recent and cache.cached_bytes() > cache.config.cache_limit_bytes:
             k, _ = self._recent.popitem(last=False)
-            shard, self._shards[k] = self._shards[k], None
-            if k == opened:
-                self._shards[k] = shard
-            elif shard is not None:
+            shard = self._shards[k]
+            if k != opened and shard is not None:
+                self._shards[k] = None
                 shard.close()
+                del shard  # unmapped now unless views live: then eviction passes it over
+                cache.evict()
 
     def __reduce__(self) -> tuple[Any, ...]:
         config = None if self.cache is None else self.cache.config

@@ -11,9 +11,10 @@ the URL only.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from roxxel.errors import ConfigError, check_int
@@ -64,28 +65,40 @@ class FetchPolicy:
             )
 
 
-@dataclass(frozen=True, slots=True)
 class RemoteStore:
     """The folder ``url`` of an fsspec filesystem, read with bounded retries.
 
-    Thread-safe (fsspec filesystems are). Every read raises ``ConnectionError`` (an
-    ``OSError``) naming the URL and the last failure once ``policy.attempts`` tries failed;
-    a missing object raises ``FileNotFoundError`` at once.
+    Thread-safe (fsspec filesystems are; this object opens its filesystem once). Every read
+    raises ``ConnectionError`` (an ``OSError``) naming the URL and the last failure once
+    ``policy.attempts`` tries failed; a missing object raises ``FileNotFoundError`` at once.
     """
 
-    url: str
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
-    policy: FetchPolicy = field(default_factory=FetchPolicy)
+    def __init__(
+        self,
+        url: str,
+        storage_options: Mapping[str, Any] | None = None,
+        policy: FetchPolicy | None = None,
+    ) -> None:
+        self.url = url
+        self.storage_options = dict(storage_options or {})
+        self.policy = policy or FetchPolicy()
+        self._lock = threading.Lock()
+        self._fs: tuple[Any, str] | None = None
 
     def filesystem(self) -> tuple[Any, str]:
-        """(fsspec filesystem, path of the folder inside it); fsspec caches the instance."""
-        return _filesystem(self.url, dict(self.storage_options))
+        """(fsspec filesystem, path of the folder inside it), opened on first use."""
+        with self._lock:
+            if self._fs is None:
+                self._fs = _filesystem(self.url, self.storage_options)
+            return self._fs
 
     def read(self, name: str, start: int = 0, stop: int | None = None) -> bytes:
         """Bytes [start, stop) of object ``name`` of the folder (to its end when stop is None)."""
         fs, root = self.filesystem()
         path = f"{root.rstrip('/')}/{name}"
-        return self.retry(join_url(self.url, name), lambda: fs.cat_file(path, start, stop))
+        return self.retry(
+            join_url(self.url, name), lambda: fs.cat_file(path, start=start, end=stop)
+        )
 
     def size(self, name: str) -> int:
         """Size in bytes of object ``name`` of the folder."""

@@ -1,0 +1,351 @@
+"""Datasets at a URL (issue 15): fsspec's ``file://`` and ``memory://``, and an S3 API server
+(moto's) started here on 127.0.0.1 and used through s3fs, with dummy credentials.
+
+Open, read, Loader and resume; two processes sharing one cache fetch each shard once; kill -9
+during a fetch leaves no published shard; a corrupted shard is refused with its rule and URL;
+a server gone away gives a clear error after bounded retries and the run resumes once it is
+back; eviction under ``cache_limit_bytes`` spares mapped shards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import roxxel
+from roxxel.errors import ConfigError, FormatError
+from roxxel.format.cache import CacheConfig, ShardCache
+from roxxel.format.dataset import Dataset
+from roxxel.format.remote import FetchPolicy, RemoteStore, is_url
+
+fsspec = pytest.importorskip("fsspec")
+
+NUM_RECORDS = 120
+SCHEMA = {"tokens": "int32[]", "label": "int64"}
+FAST = FetchPolicy(attempts=2, backoff_s=0.0)
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+def _write(path: Path, shard_bytes: int = 1200) -> Path:
+    with roxxel.DatasetWriter(path, SCHEMA, shard_bytes=shard_bytes) as writer:
+        for i in range(NUM_RECORDS):
+            writer.write({"tokens": np.arange(i % 23, dtype=np.int32) + i, "label": i})
+    return path
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory) -> Path:
+    return _write(tmp_path_factory.mktemp("remote") / "ds")
+
+
+def _open(url: str, cache_dir: Path, options=None, limit=None, policy=FAST) -> Dataset:
+    config = CacheConfig(url, cache_dir, options or {}, limit, policy=policy)
+    return Dataset(url, cache=ShardCache(config))
+
+
+def _labels(dataset) -> list[int]:
+    return [int(dataset[i]["label"]) for i in range(len(dataset))]
+
+
+def _published(dataset: Dataset) -> list[str]:
+    return sorted(n for n in os.listdir(dataset.path) if not n.startswith("."))
+
+
+# --- file:// and memory:// -----------------------------------------------------------------
+
+
+def test_file_url_reads_like_the_local_dataset_and_reuses_its_cache(local, tmp_path):
+    url = f"file://{local}"
+    dataset = roxxel.open_dataset(url, cache_dir=tmp_path / "cache")
+    expected = roxxel.open_dataset(local)
+    assert dataset.fingerprint == expected.fingerprint
+    assert _labels(dataset) == list(range(NUM_RECORDS))
+    batch = dataset.get_batch([5, 100, 7], fields=["tokens"])
+    np.testing.assert_array_equal(
+        batch["tokens"], expected.get_batch([5, 100, 7], ["tokens"])["tokens"]
+    )
+    assert dataset.cache is not None and dataset.cache.num_fetched == dataset.num_shards
+    again = roxxel.open_dataset(url, cache_dir=tmp_path / "cache")
+    assert _labels(again) == list(range(NUM_RECORDS))
+    assert again.cache is not None and again.cache.num_fetched == 0  # digests still match
+    assert dataset.verify() == []
+
+
+def test_memory_url_and_pickle_round_trip(local, tmp_path):
+    memory = fsspec.filesystem("memory")
+    memory.put(str(local), "/roxxel-test/ds", recursive=True)
+    dataset = roxxel.open_dataset("memory://roxxel-test/ds", cache_dir=tmp_path)
+    assert int(dataset[-1]["label"]) == NUM_RECORDS - 1
+    clone = pickle.loads(pickle.dumps(dataset))
+    assert clone.url == "memory://roxxel-test/ds" and _labels(clone) == list(range(NUM_RECORDS))
+    assert "memory://roxxel-test/ds" in repr(clone)
+
+
+def test_a_cached_shard_that_no_longer_matches_is_fetched_again(local, tmp_path):
+    url = f"file://{local}"
+    first = roxxel.open_dataset(url, cache_dir=tmp_path)
+    first.shard(0)
+    name = first.manifest.shards[0].path
+    with open(first.path / name, "r+b") as f:
+        f.truncate(100)  # damaged behind roxxel's back
+    again = roxxel.open_dataset(url, cache_dir=tmp_path)
+    assert int(again[0]["label"]) == 0
+    assert again.cache is not None and again.cache.num_fetched == 1
+
+
+def test_cache_options_for_a_local_path_are_refused(local, tmp_path):
+    with pytest.raises(ConfigError, match="cache options"):
+        roxxel.open_dataset(local, cache_dir=tmp_path)
+
+
+def test_urls_are_told_from_paths_and_options_stay_out_of_reprs():
+    assert is_url("s3://b/ds") and is_url("file:///x") and not is_url("/data/ds")
+    store = RemoteStore("s3://b/ds", {"secret": "hunter2"})
+    config = CacheConfig("s3://b/ds", Path("/tmp/c"), {"secret": "hunter2"})
+    assert "hunter2" not in repr(store) and "hunter2" not in repr(config)
+
+
+def test_prefetch_fetches_in_the_background_in_parallel(local, tmp_path):
+    dataset = _open(f"file://{local}", tmp_path)
+    dataset.prefetch(range(dataset.num_shards))
+    assert dataset.cache is not None
+    dataset.cache.wait()
+    assert len(_published(dataset)) == dataset.num_shards
+    assert dataset.cache.num_fetched == dataset.num_shards
+
+
+def test_records_advise_starts_fetching_the_shards_it_names(local, tmp_path):
+    dataset = _open(f"file://{local}", tmp_path)
+    source = roxxel.Records(dataset, fields=["label"])
+    source.advise(np.array([0, NUM_RECORDS - 1]))
+    assert dataset.cache is not None
+    dataset.cache.wait()
+    names = {dataset.manifest.shards[0].path, dataset.manifest.shards[-1].path}
+    assert set(_published(dataset)) == names
+
+
+def test_cache_limit_evicts_least_recently_used_shards_no_mapping_holds(local, tmp_path):
+    probe = roxxel.open_dataset(local)
+    largest = max(s.num_bytes for s in probe.manifest.shards)
+    limit = 2 * largest
+    dataset = _open(f"file://{local}", tmp_path, limit=limit)
+    pinned = dataset[0]["tokens"]  # a live view: shard 0 stays mapped, so it stays cached
+    assert _labels(dataset) == list(range(NUM_RECORDS))
+    assert dataset.cache is not None
+    names = _published(dataset)
+    assert dataset.manifest.shards[0].path in names
+    assert dataset.manifest.shards[-1].path in names
+    assert len(names) < dataset.num_shards
+    assert dataset.cache.cached_bytes() <= limit + largest  # the pinned one on top
+    np.testing.assert_array_equal(pinned, np.arange(0, dtype=np.int32))
+
+
+# --- kill -9 during a fetch ------------------------------------------------------------------
+
+_KILLED_FETCHER = """
+import sys, threading
+from pathlib import Path
+from roxxel.format.cache import CacheConfig, ShardCache
+from roxxel.format.dataset import Dataset
+from roxxel.format.remote import FetchPolicy, RemoteStore
+
+read = RemoteStore.read
+def stalled(self, name, start=0, stop=None):
+    if start > 0:  # one chunk is on disk: tell the test, then hang until killed
+        print("fetching", flush=True)
+        threading.Event().wait()
+    return read(self, name, start, stop)
+RemoteStore.read = stalled
+config = CacheConfig(sys.argv[1], Path(sys.argv[2]), policy=FetchPolicy(chunk_bytes=4096))
+Dataset(sys.argv[1], cache=ShardCache(config))[0]
+"""
+
+
+def test_kill_9_during_a_fetch_publishes_nothing_and_the_next_run_completes(tmp_path):
+    source = _write(tmp_path / "ds", shard_bytes=1 << 16)
+    url = f"file://{source}"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_FETCHER, url, str(tmp_path / "cache")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None and child.stdout.readline() == "fetching\n"
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    dataset = _open(url, tmp_path / "cache")
+    leftovers = os.listdir(dataset.path)
+    assert _published(dataset) == [] and any(n.endswith(".part") for n in leftovers)
+    assert _labels(dataset) == list(range(NUM_RECORDS))
+    assert not any(n.endswith(".part") for n in os.listdir(dataset.path))
+
+
+# --- an S3 API server on 127.0.0.1 ------------------------------------------------------------
+
+
+class S3Server:
+    """moto's S3 API server on 127.0.0.1 (a fixed port once started, so it can come back)."""
+
+    def __init__(self, moto_server) -> None:
+        self._moto = moto_server
+        self._server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self._server.start()
+        self.port = self._server.get_host_and_port()[1]
+        self.options = {
+            "endpoint_url": f"http://127.0.0.1:{self.port}",
+            "config_kwargs": {"retries": {"max_attempts": 1}},
+            "skip_instance_cache": True,
+        }
+        self.fs = fsspec.filesystem("s3", **self.options)
+
+    def stop(self) -> None:
+        self._server.stop()
+
+    def start(self) -> None:  # moto keeps its buckets in this process: they come back too
+        self._server = self._moto.ThreadedMotoServer(
+            ip_address="127.0.0.1", port=self.port, verbose=False
+        )
+        self._server.start()
+
+
+@pytest.fixture(scope="module")
+def s3(local):
+    pytest.importorskip("s3fs")
+    moto_server = pytest.importorskip("moto.server")
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in CREDENTIALS.items():
+            patch.setenv(key, value)
+        server = S3Server(moto_server)
+        server.fs.mkdir("roxxel-data")
+        server.fs.put(str(local), "roxxel-data/ds", recursive=True)
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+def test_s3_open_read_loader_and_resume(s3, local, tmp_path):
+    from roxxel.loader.loader import Loader, LoaderConfig  # jax: only for this test
+
+    options = s3.options
+    dataset = roxxel.open_dataset(
+        "s3://roxxel-data/ds", cache_dir=tmp_path, storage_options=options
+    )
+    assert len(dataset) == NUM_RECORDS and int(dataset[42]["label"]) == 42
+    config = LoaderConfig(fields=("label",), num_epochs=2)
+    reference = [
+        b["label"].tolist() for b in Loader(roxxel.open_dataset(local), 8, seed=4, config=config)
+    ]
+    first = Loader(dataset, 8, seed=4, config=config)
+    with first:
+        head = [next(first)["label"].tolist() for _ in range(5)]
+        state = json.loads(json.dumps(first.state()))
+    resumed = Loader(dataset, 8, seed=4, config=config)
+    resumed.restore(state)
+    with resumed:
+        assert head + [b["label"].tolist() for b in resumed] == reference
+
+
+_SHARING_READER = """
+import json, os, sys
+from pathlib import Path
+import roxxel
+options = json.loads(sys.argv[3])
+dataset = roxxel.open_dataset(sys.argv[1], cache_dir=sys.argv[2], storage_options=options)
+labels = [int(dataset[i]["label"]) for i in range(len(dataset))]
+print(json.dumps({"fetched": dataset.cache.num_fetched, "labels": labels}))
+"""
+
+
+def test_two_processes_sharing_one_cache_fetch_each_shard_once(s3, tmp_path):
+    options = s3.options
+    args = ["s3://roxxel-data/ds", str(tmp_path), json.dumps(options)]
+    env = {**os.environ, **CREDENTIALS}
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", _SHARING_READER, *args], stdout=subprocess.PIPE, env=env
+        )
+        for _ in range(2)
+    ]
+    results = [json.loads(c.communicate(timeout=60)[0]) for c in children]
+    assert all(c.returncode == 0 for c in children)
+    num_shards = len(
+        roxxel.open_dataset(args[0], cache_dir=tmp_path, storage_options=options).manifest.shards
+    )
+    assert sum(r["fetched"] for r in results) == num_shards
+    assert all(r["labels"] == list(range(NUM_RECORDS)) for r in results)
+
+
+def _corrupt_record_byte(path: Path) -> None:
+    shard = roxxel.open_shard(path)
+    at = shard.columns["label"]._data_at
+    del shard
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-100])
+
+
+@pytest.mark.parametrize(("damage", "rule"), [(_corrupt_record_byte, "R16"), (_truncate, "M8")])
+def test_a_shard_corrupted_on_the_server_is_refused_with_its_rule_and_url(
+    s3, local, tmp_path, damage, rule
+):
+    options, fs = s3.options, s3.fs
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for name in os.listdir(local):
+        (bad / name).write_bytes((local / name).read_bytes())
+    victim = roxxel.open_dataset(local).manifest.shards[1].path
+    damage(bad / victim)
+    prefix = f"roxxel-data/bad-{rule}"
+    fs.put(str(bad), prefix, recursive=True)
+    dataset = _open(f"s3://{prefix}", tmp_path / "cache", options)
+    assert int(dataset[0]["label"]) == 0  # shard 0 is intact
+    first_of_victim = int(dataset.shard_starts[1])
+    with pytest.raises(FormatError) as caught:
+        dataset[first_of_victim]
+    assert caught.value.rule == rule
+    assert caught.value.path == f"s3://{prefix}/{victim}"
+    assert victim not in _published(dataset)
+
+
+def test_the_server_going_away_is_a_clear_error_and_the_run_resumes_once_back(s3, local, tmp_path):
+    from roxxel.loader.loader import Loader, LoaderConfig  # jax: only for this test
+
+    options = s3.options
+    config = LoaderConfig(fields=("label",), readahead=0, prefetch=1)
+    reference = [
+        b["label"].tolist()
+        for b in Loader(roxxel.open_dataset(local), 4, shuffle=False, config=config)
+    ]
+    dataset = _open("s3://roxxel-data/ds", tmp_path, options)
+    first = Loader(dataset, 4, shuffle=False, config=config)
+    with first:
+        head = [next(first)["label"].tolist() for _ in range(2)]
+        state = json.loads(json.dumps(first.state()))
+        s3.stop()
+        try:
+            with pytest.raises(ConnectionError, match=r"s3://roxxel-data/ds/.*unreachable after 2"):
+                for _ in first:
+                    pass
+        finally:
+            s3.start()
+    resumed = Loader(dataset, 4, shuffle=False, config=config)
+    resumed.restore(state)
+    with resumed:
+        assert head + [b["label"].tolist() for b in resumed] == reference

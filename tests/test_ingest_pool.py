@@ -163,6 +163,7 @@ def test_issue12_item1_workers_hold_the_output_lock_under_every_start_method(tmp
     (tmp_path / "gate.py").write_text(FIFO_GATE.format(fifo=str(fifo)))
     out = tmp_path / "ds"
     lock = parts.lock_output(out)
+    lock.prepared()  # (prepare_output does this)
     config = PackConfig(
         str(out), {"tokens": "int32[]"}, "f" * 32, ReadOptions(), f"{tmp_path / 'gate.py'}:fn"
     )

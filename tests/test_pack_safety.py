@@ -179,9 +179,17 @@ def _kill_rerun_trial(root: Path, trial: int) -> str | None:
 
 
 def _tasks_trial(root: Path, trial: int) -> str | None:
-    """Four tasks released at the same moment into one new directory, then --finalize."""
+    """Four tasks released at the same moment into one new directory (odd trials: with
+    --overwrite, into a directory holding another dataset and a user's file), then
+    --finalize."""
     src, out, log = root / "in.jsonl", root / f"s{trial}", root / f"s{trial}.log"
     argv = ["pack", str(src), "-o", str(out), "--unit-bytes", "1K", "-q", *FIELDS]
+    if trial % 2:
+        with roxxel.DatasetWriter(out, {"x": "int64"}, shard_bytes=8) as writer:
+            for i in range(3):
+                writer.write({"x": i})
+        (out / "mine.rxs").write_text("a user's file")
+        argv.append("--overwrite")
     gate_r, gate_w = os.pipe()
     tasks = ["--num-tasks", "4", "--task-index"]
     pids = [_fork_main([*argv, *tasks, str(i)], {}, log, gate_r) for i in range(4)]
@@ -195,8 +203,9 @@ def _tasks_trial(root: Path, trial: int) -> str | None:
     if final != 0:
         return f"trial {trial}: finalize exit {final}: {log.read_text()[-500:]}"
     same = (out / "manifest.json").read_bytes() == (root / "reference/manifest.json").read_bytes()
-    if _files(out) != _files(root / "reference") or not same:
-        return f"trial {trial}: bytes differ from a one-task pack"
+    mine = {"mine.rxs": b"a user's file"} if trial % 2 else {}
+    if _files(out) != {**_files(root / "reference"), **mine} or not same:
+        return f"trial {trial}: files differ from a one-task pack"
     return None
 
 
@@ -260,7 +269,7 @@ def test_issue12_item1_a_second_pack_into_a_busy_directory_fails_at_once(tmp_pat
 
 
 def test_issue12_item1_immediate_rerun_after_kill_9_of_two_workers_succeeds(tmp_path):
-    _corpus(tmp_path / "in.jsonl", n=400)
+    _corpus(tmp_path / "in.jsonl", n=200)  # about 10 units
     harness = _harness(tmp_path)
     assert main(_pack_argv(tmp_path / "in.jsonl", tmp_path / "reference", harness)) == 0
     assert _run_driver("kill_rerun", tmp_path, 20) == {"failures": []}
@@ -496,10 +505,14 @@ def test_issue12_clear_errors_disk_full_names_the_file(tmp_path, monkeypatch, ca
 def test_issue12_item1_the_lock_names_the_holder_and_is_free_after_release(tmp_path):
     out = tmp_path / "ds"
     with parts.lock_output(out) as held:
+        held.prepared()  # (prepare_output does this)
         with pytest.raises(roxxel.ConfigError, match=f"being packed by pid {os.getpid()}") as e:
             parts.lock_output(out)
         assert e.value.path == str(out) and held.fd >= 0
     taken = pytest.raises(roxxel.ConfigError, match="task 3 is being packed")
-    with parts.lock_output(out, task=3), parts.lock_output(out, task=4), taken:
-        parts.lock_output(out, task=3)
+    with parts.lock_output(out, task=3) as three:
+        three.prepared()
+        with parts.lock_output(out, task=4) as four, taken:
+            four.prepared()
+            parts.lock_output(out, task=3)
     parts.lock_output(out).release()

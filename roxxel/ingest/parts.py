@@ -119,11 +119,20 @@ class PackLock:
     """The lock of one pack directory, held until `release` (a context manager).
 
     ``fd`` is the directory lock's descriptor: worker processes keep a copy, so the lock
-    stays held while any of them lives. Not thread-safe.
+    stays held while any of them lives. Until `prepared`, it also holds ``plan.lock``, so
+    that processes starting together read and write the plan one at a time. Not
+    thread-safe.
     """
 
-    def __init__(self, out_dir: Path, task: int | None, fds: list[int]):
+    def __init__(self, out_dir: Path, task: int | None, fds: list[int], plan_fd: int):
         self.out_dir, self.task, self.fds = out_dir, task, fds
+        self._plan_fd: int | None = plan_fd
+
+    def prepared(self) -> None:
+        """The plan is in place: let the next process starting here read it."""
+        if self._plan_fd is not None:
+            os.close(self._plan_fd)
+            self._plan_fd = None
 
     @property
     def fd(self) -> int:
@@ -149,6 +158,7 @@ class PackLock:
             fcntl.flock(self.fd, fcntl.LOCK_SH)
 
     def release(self) -> None:
+        self.prepared()
         for fd in self.fds:
             os.close(fd)
         self.fds = []
@@ -170,21 +180,38 @@ def lock_output(out_dir: Path, task: int | None = None) -> PackLock:
     """
     state = out_dir / STATE_DIR
     make_dirs(state)
-    fds = [_open_lock(state / "lock")]
+    plan_fd = _open_lock(state / "plan.lock")
+    fds = [plan_fd]
     try:
+        _acquire_plan_lock(plan_fd, out_dir)
+        fds = [_open_lock(state / "lock"), plan_fd]
         mode = fcntl.LOCK_EX if task is None else fcntl.LOCK_SH
         _acquire(fds[0], mode, out_dir, str(out_dir), STALE_WAIT_SECONDS)
         if task is None:
             _record_holder(fds[0])
         else:
-            fds.append(_open_lock(state / f"task-{task}.lock"))
+            fds.insert(1, _open_lock(state / f"task-{task}.lock"))
             _acquire(fds[1], fcntl.LOCK_EX, out_dir, f"{out_dir}: task {task}", 0.0)
             _record_holder(fds[1])
     except BaseException:
         for fd in fds:
             os.close(fd)
         raise
-    return PackLock(out_dir, task, fds)
+    return PackLock(out_dir, task, fds[:-1], plan_fd)
+
+
+def _acquire_plan_lock(fd: int, out_dir: Path) -> None:
+    """Wait for ``plan.lock``, which a process holds from its start until its plan is in
+    place (milliseconds), at most `STALE_WAIT_SECONDS`."""
+    deadline = time.monotonic() + STALE_WAIT_SECONDS
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise _busy(str(out_dir), _run_holders(out_dir), out_dir) from None
+            time.sleep(0.001)
 
 
 def _open_lock(path: Path) -> int:
@@ -404,7 +431,7 @@ def prepare_output(out_dir: Path, plan: PackSpec, overwrite: bool, lock: PackLoc
     unless ``overwrite``, which removes what roxxel wrote there: the shards the old manifest
     lists, the old pack's shards and state, roxxel's temp files. Other files stay.
     """
-    with _plan_mutex(out_dir):
+    try:
         old = _peek_plan(out_dir)
         if old == plan:
             return True
@@ -420,26 +447,9 @@ def prepare_output(out_dir: Path, plan: PackSpec, overwrite: bool, lock: PackLoc
             with lock.alone():
                 _remove_roxxel_files(out_dir)
         write_json_atomic(out_dir / STATE_DIR / "plan.json", plan.to_json())
-    return False
-
-
-@contextlib.contextmanager
-def _plan_mutex(out_dir: Path) -> Iterator[None]:
-    """Tasks starting together read and write the plan one at a time."""
-    fd = _open_lock(out_dir / STATE_DIR / "plan.lock")
-    try:
-        deadline = time.monotonic() + STALE_WAIT_SECONDS
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise _busy(str(out_dir), _run_holders(out_dir), out_dir) from None
-                time.sleep(0.001)  # held for the few milliseconds a plan takes
-        yield
     finally:
-        os.close(fd)
+        lock.prepared()
+    return False
 
 
 def _is_fresh(out_dir: Path) -> bool:

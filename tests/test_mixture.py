@@ -822,3 +822,25 @@ def test_issue12_item7_interleave_windows_past_the_limit_are_config_errors() -> 
     for start, stop in ((2**62, 2**62 + 3), (2**63, 2**63 + 3), (0, 2**64)):
         with pytest.raises(ConfigError, match=r"2\*\*62"):
             il.window(start, stop)
+
+
+def test_a_loader_reads_a_continued_mixture_from_its_origin(tmp_path) -> None:
+    """Loader(Mixture.continue_from(...)) asked for the batch size at step 0, before the
+    continued mixture's first step, and raised IndexError; with unchanged phases it must give
+    the old mixture's batches from the switch on."""
+    import roxxel
+    from roxxel.loader.loader import Loader
+
+    sources = {}
+    for name in "ab":
+        with roxxel.DatasetWriter(tmp_path / name, {"x": "int32"}) as w:
+            for i in range(50):
+                w.write({"x": i})
+        sources[name] = roxxel.open_dataset(tmp_path / name)
+    old = Mixture(sources, [Phase({"a": 0.5, "b": 0.5})], batch_size=4, seed=3)
+    new = Mixture.continue_from(old, 5, [Phase({"a": 0.5, "b": 0.5})])
+    with Loader(old, start_step=5) as a, Loader(new, start_step=5) as b:
+        for _, x, y in zip(range(4), a, b, strict=False):
+            np.testing.assert_array_equal(x["x"], y["x"])
+    with pytest.raises(ConfigError, match="before the mixture's first step"):
+        Loader(new, start_step=4)

@@ -262,11 +262,12 @@ class MixturePicker:
         self, mixture: MixtureLike, sources: list[Source], batch_size: int | None, drop: bool
     ) -> None:
         self.mixture, self.sources, self.drop = mixture, sources, drop
-        first = mixture.batch_size_at(0)
+        origin = mixture.origin_step
+        first = mixture.batch_size_at(origin)
         if batch_size is not None and batch_size != first:
             raise ConfigError(
                 f"loader: batch_size for a Mixture ({batch_size}, expected None or the "
-                f"mixture's batch size at step 0, {first})"
+                f"mixture's batch size at its first step {origin}, {first})"
             )
         self._groups = _phase_sources(mixture, sources)
         for group in self._groups:

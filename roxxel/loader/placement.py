@@ -1,4 +1,4 @@
-"""Placement of global batch rows on a device mesh: the only roxxel module that imports jax.
+"""Placement of batch rows on a device mesh: which rows this process reads; the global `jax.Array`.
 
 A `RowPlacement` says which rows of the global batch (dimension 0) this process's addressable
 devices hold under a `jax.sharding.Sharding`, and which slice of the host block each device

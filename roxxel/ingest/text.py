@@ -27,10 +27,10 @@ def _loads(line: bytes) -> object:
     return json.loads(line, parse_constant=_no_constants)
 
 
-def _beyond_64_bits(number: float) -> bool:
-    """Whether a float is one that orjson may have made of an integer literal no 64-bit
-    type holds (cheap: a value test, the line is parsed again only then)."""
-    return not -(2.0**63) <= number < 2.0**64
+def _lossy(record: dict) -> bool:
+    """Whether a top-level float of a record is one that orjson may have made of an integer
+    literal no 64-bit type holds (the line is then parsed again, exactly)."""
+    return any(type(v) is float and not -(2.0**63) <= v < 2.0**64 for v in record.values())
 
 
 def _no_constants(name: str) -> None:
@@ -76,7 +76,8 @@ def line_location(path: str, offset: int) -> str:
 
 
 def _lines(piece: Piece) -> Iterator[tuple[int, bytes]]:
-    """(offset, line without newline) for every line starting in [start, stop).
+    """(offset, line) for every line starting in [start, stop); a line keeps its newline
+    (parsers skip it; a copy without it would cost more than the split).
 
     Read with buffered I/O, not a memory map: a file cut short while it is read must end in
     an error, not a SIGBUS. Raises ConfigError when the file ends before ``stop``.
@@ -92,20 +93,21 @@ def _lines(piece: Piece) -> Iterator[tuple[int, bytes]]:
             if pos >= piece.stop:
                 return
             end = pos + len(line)
-            if line.endswith(b"\n"):
-                yield pos, line[:-1]
-            elif end < piece.stop:  # a last line that ends early: the file was cut
+            if end < piece.stop and not line.endswith(b"\n"):  # a last line cut short
                 break
-            else:
-                yield pos, line
+            yield pos, line
             pos = end
     if pos < piece.stop:
-        raise ConfigError(
-            f"{piece.path}: offset {pos}: file ends (expected at least {piece.stop} bytes: "
-            f"the input changed since planning)",
-            path=piece.path,
-            offset=pos,
-        )
+        raise _cut_short(piece, pos)
+
+
+def _cut_short(piece: Piece, offset: int) -> ConfigError:
+    return ConfigError(
+        f"{piece.path}: offset {offset}: file ends (expected at least {piece.stop} bytes: the "
+        f"input changed since planning)",
+        path=piece.path,
+        offset=offset,
+    )
 
 
 def _bad(piece: Piece, offset: int, what: str, opts: ReadOptions, bad: BadRecords) -> None:
@@ -135,9 +137,7 @@ def read_jsonl(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterator[tup
         if not isinstance(value, dict):
             _bad(piece, offset, f"JSON {type(value).__name__} (expected a JSON object)", opts, bad)
             continue
-        if orjson is not None and any(
-            type(v) is float and _beyond_64_bits(v) for v in value.values()
-        ):
+        if float in map(type, value.values()) and orjson is not None and _lossy(value):
             value = json.loads(line, parse_constant=_no_constants)  # exact big integers
         yield value, offset
 
@@ -151,7 +151,7 @@ def read_text(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterator[tupl
         except UnicodeDecodeError as e:
             _bad(piece, offset, f"invalid UTF-8 ({e}, expected UTF-8 text)", opts, bad)
             continue
-        text = text.removesuffix("\r")
+        text = text.removesuffix("\n").removesuffix("\r")
         if text:
             yield {name: text}, offset
 

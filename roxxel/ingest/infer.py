@@ -1,11 +1,14 @@
 """Schema inference from the first records of an input, when the answer is unambiguous.
 
-Python ints become ``int_dtype`` (int64 by default) and floats ``float_dtype`` (float64);
-numpy values keep their dtype; lists become variable-length arrays (``int64[]``,
+Python ints become ``int_dtype`` (int64 by default: JSON has no integer widths), or
+``uint64`` when one is in [2**63, 2**64); an integer beyond that is refused, never made a
+float. Floats become ``float_dtype`` (float64); numpy values keep their dtype; lists become variable-length arrays (``int64[]``,
 ``float64[,3]``); rows of one numpy array (npy/npz) become fixed-shape fields. Anything
 that does not decide one spec (mixed kinds, only empty lists, a field missing from some
 records, nested objects) raises ConfigError asking for ``--field NAME:SPEC``. Records are
-then projected onto the schema's fields (JSON int lists become arrays of the field dtype).
+then projected onto the schema's fields (JSON int lists become arrays of the field dtype;
+JSON ``true``/``false`` for a number field, an integer out of the field's range, or a
+missing field raise ConfigError naming the field).
 """
 
 from __future__ import annotations

@@ -167,7 +167,7 @@ def test_issue12_item1_workers_hold_the_output_lock_under_every_start_method(tmp
     config = PackConfig(
         str(out), {"tokens": "int32[]"}, "f" * 32, ReadOptions(), f"{tmp_path / 'gate.py'}:fn"
     )
-    with UnitPool(config, units, 2, method, lock_fd=lock.fd) as pool:
+    with UnitPool(config, units, 2, method, lock_fds=lock.fds) as pool:
         lock.release()  # the worker still holds it: it waits inside its first unit
         with pytest.raises(ConfigError, match="is being packed by pid"):
             parts.lock_output(out)

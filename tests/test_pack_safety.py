@@ -465,6 +465,18 @@ def test_issue12_clear_errors_dataset_writer_overwrite_removes_old_listed_shards
     assert [int(r["x"]) for r in roxxel.open_dataset(out)] == [7]
 
 
+def test_issue12_clear_errors_overwrite_of_a_broken_manifest_removes_no_shard(tmp_path):
+    out = tmp_path / "ds"
+    with roxxel.DatasetWriter(out, {"x": "int64"}, shard_bytes=8) as writer:
+        for i in range(3):
+            writer.write({"x": i})
+    manifest = out / "manifest.json"
+    manifest.write_text(manifest.read_text().replace("shard-00002.rxs", "../x.rxs"))  # M5
+    with roxxel.DatasetWriter(out, {"x": "int64"}, overwrite=True) as writer:
+        writer.write({"x": 7})
+    assert len(list(out.glob("shard-*.rxs"))) == 3  # nothing it lists can be trusted
+
+
 def test_issue12_clear_errors_pack_overwrite_deletes_only_what_roxxel_wrote(tmp_path):
     src, out = _corpus(tmp_path / "in.jsonl"), tmp_path / "ds"
     with roxxel.DatasetWriter(out, {"x": "int64"}, shard_bytes=8) as writer:

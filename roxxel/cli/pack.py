@@ -224,7 +224,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
             _say(args, f"{out}: manifest written for {len(units)} work units")
             return 0
         mine = units[args.task_index :: args.num_tasks]
-        results = _run(args, config, mine, lock.fd)
+        results = _run(args, config, mine, lock.fds)
         _report(args, results, mine, start)
         if args.num_tasks == 1:
             finalize(out)
@@ -237,11 +237,11 @@ def cmd_pack(args: argparse.Namespace) -> int:
 
 
 def _run(
-    args: argparse.Namespace, config: PackConfig, units: list[WorkUnit], lock_fd: int
+    args: argparse.Namespace, config: PackConfig, units: list[WorkUnit], lock_fds: list[int]
 ) -> list[UnitResult]:
     results: list[UnitResult] = []
     records = 0
-    pool = UnitPool(config, units, args.workers, args.start_method, lock_fd)
+    pool = UnitPool(config, units, args.workers, args.start_method, lock_fds)
     with pool, _bar(args, units) as bar:
         for result in pool.results():
             results.append(result)

@@ -118,8 +118,8 @@ def shard_name(unit: int, k: int) -> str:
 class PackLock:
     """The lock of one pack directory, held until `release` (a context manager).
 
-    ``fd`` is the directory lock's descriptor: worker processes keep a copy, so the lock
-    stays held while any of them lives. Until `prepared`, it also holds ``plan.lock``, so
+    ``fds`` are the descriptors of the directory's lock (``fd``) and of the task's: worker
+    processes keep copies, so the locks stay held while any of them lives. Until `prepared`, it also holds ``plan.lock``, so
     that processes starting together read and write the plan one at a time. Not
     thread-safe.
     """
@@ -149,7 +149,7 @@ class PackLock:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             # a failed conversion may drop the shared lock (flock(2)): take it back first
-            _acquire(self.fd, fcntl.LOCK_SH, self.out_dir, str(self.out_dir), 0.0)
+            _acquire(self.fd, fcntl.LOCK_SH, self.out_dir, None, 0.0)
             holders = _run_holders(self.out_dir, mine=True)
             raise _busy(str(self.out_dir), holders, self.out_dir) from None
         try:
@@ -186,12 +186,12 @@ def lock_output(out_dir: Path, task: int | None = None) -> PackLock:
         _acquire_plan_lock(plan_fd, out_dir)
         fds = [_open_lock(state / "lock"), plan_fd]
         mode = fcntl.LOCK_EX if task is None else fcntl.LOCK_SH
-        _acquire(fds[0], mode, out_dir, str(out_dir), STALE_WAIT_SECONDS)
+        _acquire(fds[0], mode, out_dir, None, STALE_WAIT_SECONDS)
         if task is None:
             _record_holder(fds[0])
         else:
             fds.insert(1, _open_lock(state / f"task-{task}.lock"))
-            _acquire(fds[1], fcntl.LOCK_EX, out_dir, f"{out_dir}: task {task}", 0.0)
+            _acquire(fds[1], fcntl.LOCK_EX, out_dir, task, STALE_WAIT_SECONDS)
             _record_holder(fds[1])
     except BaseException:
         for fd in fds:
@@ -219,9 +219,10 @@ def _open_lock(path: Path) -> int:
     return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
 
 
-def _acquire(fd: int, mode: int, out_dir: Path, what: str, stale_wait: float) -> None:
-    """flock ``fd``; if a live process holds it, or a dead run's workers hold it longer than
-    ``stale_wait`` seconds, raise "WHAT is being packed by pid N"."""
+def _acquire(fd: int, mode: int, out_dir: Path, task: int | None, stale_wait: float) -> None:
+    """flock ``fd`` (the directory's lock, or task ``task``'s); if a live process holds it,
+    or a dead run's workers hold it longer than ``stale_wait`` seconds, raise "DIR is being
+    packed by pid N" (or "DIR: task I is being packed by pid N")."""
     deadline = time.monotonic() + stale_wait
     while True:
         try:
@@ -229,8 +230,8 @@ def _acquire(fd: int, mode: int, out_dir: Path, what: str, stale_wait: float) ->
             return
         except BlockingIOError:
             pass
-        task_lock = what != str(out_dir)
-        holders = [_holder(fd)] if task_lock else _run_holders(out_dir)
+        what = str(out_dir) if task is None else f"{out_dir}: task {task}"
+        holders = _run_holders(out_dir) if task is None else [_holder(fd)]
         alive: list[tuple[int, str] | None] = [h for h in holders if h and _alive(h)]
         if alive or time.monotonic() >= deadline:
             raise _busy(what, alive or holders, out_dir)

@@ -14,7 +14,7 @@ thread pools that handle a fork themselves (OpenBLAS's, under numpy) are not cou
 A worker never outlives the pack: on Linux it asks the kernel to SIGKILL it when its parent
 ends (``PR_SET_PDEATHSIG``; the parent is the thread that made the pool, or the forkserver,
 which ends with this process), and anywhere it stops when its pipe breaks. It also keeps a
-copy of the output directory's lock (``lock_fd``), so the directory stays locked while any
+copy of the output directory's locks (``lock_fds``), so the directory stays locked while any
 process of the pack lives: an orphan can never write into a directory a new run owns.
 """
 
@@ -29,7 +29,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from multiprocessing import reduction
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -61,8 +61,8 @@ class UnitPool:
     The worker processes start in the constructor: make the pool before starting threads
     (a progress bar, say) so that they can be forked. ``method`` "auto" picks
     `start_method`; "fork", "forkserver" or "spawn" overrule it (the caller vouches that
-    its threads survive a fork). ``lock_fd``, the output directory's lock
-    (`roxxel.ingest.parts.PackLock.fd`), is held by every worker too. Use it as a context
+    its threads survive a fork). ``lock_fds``, the output directory's locks
+    (`roxxel.ingest.parts.PackLock.fds`), are held by every worker too. Use it as a context
     manager; leaving it early stops the workers after their current unit (finished units
     are kept).
     """
@@ -73,9 +73,9 @@ class UnitPool:
         units: list[WorkUnit],
         workers: int,
         method: str = "auto",
-        lock_fd: int | None = None,
+        lock_fds: Sequence[int] = (),
     ):
-        self.config, self.units, self.lock_fd = config, units, lock_fd
+        self.config, self.units, self.lock_fds = config, units, tuple(lock_fds)
         num_procs = max(0, min(workers, len(units)) - 1)
         if method not in START_METHODS:
             raise ConfigError(f"start method {method!r} (expected one of {START_METHODS})")
@@ -101,7 +101,7 @@ class UnitPool:
         # a forked child closes its copies of the earlier workers' read ends, so that a
         # worker whose main process is gone finds its pipe broken
         inherited = list(self.pipes) if self.method == "fork" else []
-        held = None if self.lock_fd is None else _HeldFd(self.lock_fd)
+        held = [_HeldFd(fd) for fd in self.lock_fds]
         parent = None if self.method == "forkserver" else os.getpid()
         args = (config_json, plan, self.counter, send, inherited, held, parent)
         proc = ctx.Process(target=_work, args=args)
@@ -177,12 +177,12 @@ def _work(
     counter: Any,
     pipe: Connection,
     inherited: list[Connection],
-    held: _HeldFd | None,
+    held: list[_HeldFd],
     parent: int | None,
 ) -> None:
     """A worker process: pack units until none is left, reporting each on ``pipe``.
 
-    ``held`` (the output's lock) stays open until the process ends; ``parent`` is the pid
+    ``held`` (the output's locks) stay open until the process ends; ``parent`` is the pid
     of the parent process, or None when a forkserver started this one.
     """
     _die_with_parent(parent)

@@ -349,3 +349,63 @@ def test_the_server_going_away_is_a_clear_error_and_the_run_resumes_once_back(s3
     resumed.restore(state)
     with resumed:
         assert head + [b["label"].tolist() for b in resumed] == reference
+
+
+# --- the CLI ---------------------------------------------------------------------------------
+
+
+def test_info_verify_cat_and_plan_accept_urls(local, tmp_path, monkeypatch, capsys):
+    from roxxel.cli import main
+
+    monkeypatch.setenv("ROXXEL_CACHE_DIR", str(tmp_path / "cache"))
+    url = f"file://{local}"
+    assert main(["info", url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["path"] == url
+    assert main(["verify", url, "--workers", "1"]) == 0
+    assert "OK" in capsys.readouterr().out
+    assert main(["cat", url, "7", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["label"] == 7
+    toml = tmp_path / "mix.toml"
+    toml.write_text(
+        f'batch_size = 4\n[sources.web]\npath = "{url}"\nfield = "tokens"\nseq_len = 8\n'
+        "[[phases]]\nweights = { web = 1 }\n"
+    )
+    assert main(["plan", str(toml), "--steps", "3"]) == 0
+    assert "web" in capsys.readouterr().out
+    assert main(["info", f"file://{tmp_path}/nothing"]) == 1
+    assert "rule M1" in capsys.readouterr().err
+
+
+def test_pull_stages_a_dataset_verified_and_resumes_after_a_refused_shard(local, tmp_path, capsys):
+    from roxxel.cli import main
+
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in os.listdir(local):
+        (source / name).write_bytes((local / name).read_bytes())
+    victim = roxxel.open_dataset(local).manifest.shards[2].path
+    _corrupt_record_byte(source / victim)
+    out = tmp_path / "out"
+    assert main(["pull", f"file://{source}", str(out), "--workers", "3"]) == 1
+    assert "rule R16" in capsys.readouterr().err
+    assert not (out / "manifest.json").exists()  # a half-staged folder never opens
+    with pytest.raises(FormatError) as caught:
+        roxxel.open_dataset(out)
+    assert caught.value.rule == "M1"
+    assert victim not in os.listdir(out)
+    (source / victim).write_bytes((local / victim).read_bytes())  # repaired on the server
+    assert main(["pull", f"file://{source}", str(out), "--quiet"]) == 0
+    assert "(1 fetched," in capsys.readouterr().out
+    assert _labels(roxxel.open_dataset(out)) == list(range(NUM_RECORDS))
+    assert roxxel.open_dataset(out).fingerprint == roxxel.open_dataset(local).fingerprint
+
+
+def test_pull_from_the_s3_server_with_storage_options(s3, tmp_path, capsys):
+    from roxxel.cli import main
+
+    options = json.dumps(s3.options)
+    args = ["pull", "s3://roxxel-data/ds", str(tmp_path), "--storage-options", options]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert f"{NUM_RECORDS} records" in captured.out and "shards," in captured.err
+    assert _labels(roxxel.open_dataset(tmp_path)) == list(range(NUM_RECORDS))

@@ -16,6 +16,7 @@ from roxxel.cli.inspect_cmds import add_inspect_parsers
 from roxxel.cli.pack import add_merge_parser, add_pack_parser
 from roxxel.cli.peek import add_peek_parser
 from roxxel.cli.plan import add_plan_parser
+from roxxel.cli.pull import add_pull_parser
 from roxxel.errors import RoxxelError
 from roxxel.version import __version__
 
@@ -29,6 +30,7 @@ EPILOG = """examples:
   roxxel verify data/corpus
   roxxel cat data/corpus 0 -1 --json
   roxxel peek data/corpus --step 0 --batch-size 8 --rows 4
+  roxxel pull s3://bucket/corpus data/corpus
 Run `roxxel COMMAND --help` for each command's options."""
 
 
@@ -46,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_inspect_parsers(sub)
     add_plan_parser(sub)
     add_peek_parser(sub)
+    add_pull_parser(sub)
     return parser
 
 

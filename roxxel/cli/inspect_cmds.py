@@ -60,6 +60,7 @@ def _elements(ds: Dataset) -> dict[str, int]:
     fields = [f for f in ds.schema if f.kind == "array" and f.is_variable and len(f.shape) == 1]
     if not fields:
         return {}
+    ds.prefetch(range(ds.num_shards))  # a dataset at a URL: fetch them all in parallel
     shards = ds.shards
     return {
         f.name: ds.num_elements(f.name)
@@ -75,7 +76,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         for s in ds.manifest.shards
     ]
     doc = {
-        "path": str(ds.path),
+        "path": ds.url or str(ds.path),
         "num_records": ds.num_records,
         "num_shards": ds.num_shards,
         "num_bytes": sum(s["num_bytes"] for s in shards),

@@ -96,10 +96,10 @@ class ShardCache:
     queued fetches and waits for running ones.
     """
 
-    def __init__(self, config: CacheConfig) -> None:
+    def __init__(self, config: CacheConfig, folder: Path | None = None) -> None:
         self.config = config
         self.store = RemoteStore(config.url, config.storage_options, config.policy)
-        self.folder = config.folder
+        self.folder = config.folder if folder is None else Path(folder)  # `roxxel pull`: DIR
         self.folder.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._inflight: dict[str, Future[Path]] = {}
@@ -110,7 +110,14 @@ class ShardCache:
     def read_manifest(self) -> Manifest:
         """The dataset's manifest, read from the store and checked (M1-M6)."""
         where = join_url(self.config.url, MANIFEST_NAME)
-        data = self.store.read(MANIFEST_NAME, 0, MANIFEST_MAX_BYTES + 1)
+        try:
+            data = self.store.read(MANIFEST_NAME, 0, MANIFEST_MAX_BYTES + 1)
+        except FileNotFoundError:
+            raise FormatError(
+                f"{where}: no manifest: not a roxxel dataset (rule M1 of docs/format.md)",
+                rule="M1",
+                path=where,
+            ) from None
         return parse_manifest(data, where)
 
     def fetch(self, entry: ShardEntry) -> Path:

@@ -100,8 +100,8 @@ def _open_sources(where: str, tables: object, open_source: OpenSource, base_dir:
             raise ConfigError(
                 f"{where}: sources.{name}.path: missing ({path!r}, expected a path string)"
             )
-        if base_dir is not None and not Path(path).is_absolute():
-            spec["path"] = str(base_dir / path)
+        if base_dir is not None and not Path(path).is_absolute() and "://" not in path:
+            spec["path"] = str(base_dir / path)  # a URL (s3://...) stays as it is
         cap = {key: spec.pop(key) for key in _CAP_KEYS if key in spec}
         _check_keys(f"{where}: sources.{name}", cap, _CAP_KEYS)
         if cap:

@@ -119,8 +119,9 @@ class PackLock:
     """The lock of one pack directory, held until `release` (a context manager).
 
     ``fds`` are the descriptors of the directory's lock (``fd``) and of the task's: worker
-    processes keep copies, so the locks stay held while any of them lives. Until `prepared`, it also holds ``plan.lock``, so
-    that processes starting together read and write the plan one at a time. Not
+    processes keep copies, so the locks stay held while any of them lives. Until `prepared`
+    it also holds ``plan.lock``, so that processes starting together read and write the
+    plan one at a time (and one of them may clear the directory for ``--overwrite``). Not
     thread-safe.
     """
 

@@ -9,23 +9,41 @@ Two pieces, both independent of files, order and devices:
 - `Prefetcher` runs ``produce(step)`` for consecutive steps in one background thread, into a
   bounded queue; ``get`` re-raises the thread's exception, with its traceback, in the
   consumer, and ``close`` joins the thread.
+- `SlicedTransform` runs a host transform over fixed slices of a batch's rows, in the calling
+  thread and a small pool of helpers (numpy releases the GIL), with the same result for any
+  number of threads.
+- `Timings` adds up where each batch's time goes (`LoaderStats` is its summary).
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
+import itertools
 import math
 import queue
 import threading
+import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import Literal, cast
 
 import numpy as np
 
 from roxxel.errors import ConfigError
+from roxxel.loader.pinned import PAGE_BYTES, Registrar
 
-__all__ = ["ALIGN", "BufferPool", "Prefetcher", "RowSpec"]
+__all__ = [
+    "ALIGN",
+    "HOST_SLICES",
+    "BufferPool",
+    "LoaderStats",
+    "Prefetcher",
+    "RowSpec",
+    "SlicedTransform",
+    "Timings",
+]
 
 ALIGN = 64
 Shape = tuple[int, ...]
@@ -77,11 +95,18 @@ class BufferPool:
     blocks the pipeline and never sees them rewritten; at most ``keep`` free buffers are
     retained.
 
+    With a ``registrar`` (`roxxel.loader.pinned`), every buffer is page-aligned and
+    page-locked once, when it is allocated, so the gather writes straight into memory the
+    device copies from at full speed; a buffer the pool drops (more than ``keep`` free, or
+    after `close`) is unregistered first. A buffer the registrar refuses stays pageable.
+
     Thread-safety: ``acquire`` from one thread; releases may come from any thread, even from
     inside garbage collection (a lock-free deque, no callbacks into user code).
     """
 
-    def __init__(self, layout: RowSpec, num_rows: int, keep: int = 4) -> None:
+    def __init__(
+        self, layout: RowSpec, num_rows: int, keep: int = 4, registrar: Registrar | None = None
+    ) -> None:
         if num_rows < 0 or keep < 1:
             raise ConfigError(
                 f"pipeline.BufferPool: rows {num_rows}, keep {keep} (expected >= 0, >= 1)"
@@ -89,18 +114,20 @@ class BufferPool:
         self.layout = layout
         self.num_rows = num_rows
         self._keep = keep
+        self._registrar = registrar
         self._offsets, self._nbytes = _offsets(layout, num_rows)
-        self._free: collections.deque[np.ndarray] = collections.deque()
+        self._free: collections.deque[tuple[np.ndarray, bool]] = collections.deque()
         self.num_allocated = 0
+        self.num_pinned = 0  # buffers page-locked now (allocated minus dropped)
 
     def acquire(self) -> dict[str, np.ndarray]:
         """A batch of writable arrays (rows first) over a buffer nobody else references."""
         try:
-            raw = self._free.popleft()
+            raw, pinned = self._free.popleft()
         except IndexError:
-            raw = self._allocate()
+            raw, pinned = self._allocate()
         lease = raw.view(_Lease)
-        weakref.finalize(lease, self._release, raw).atexit = False
+        weakref.finalize(lease, self._release, raw, pinned).atexit = False
         batch = {}
         for (name, shape, dtype), offset in zip(self.layout.fields, self._offsets, strict=True):
             size = self.num_rows * math.prod(shape) * dtype.itemsize
@@ -110,15 +137,32 @@ class BufferPool:
             batch[name] = view.view(np.ndarray)
         return batch
 
-    def _allocate(self) -> np.ndarray:
-        block = np.empty(self._nbytes + ALIGN, np.uint8)
-        start = -block.ctypes.data % ALIGN
-        self.num_allocated += 1
-        return block[start : start + self._nbytes]
+    def close(self) -> None:
+        """Drop (and unregister) the free buffers; buffers still in use follow on release."""
+        self._keep = 0
+        while self._free:
+            self._drop(*self._free.popleft())
 
-    def _release(self, raw: np.ndarray) -> None:
+    def _allocate(self) -> tuple[np.ndarray, bool]:
+        align = ALIGN if self._registrar is None else PAGE_BYTES
+        block = np.empty(self._nbytes + align, np.uint8)
+        start = -block.ctypes.data % align
+        self.num_allocated += 1
+        raw = block[start : start + self._nbytes]
+        pinned = self._registrar is not None and self._registrar.register(raw)
+        self.num_pinned += pinned
+        return raw, pinned
+
+    def _release(self, raw: np.ndarray, pinned: bool) -> None:
         if len(self._free) < self._keep:
-            self._free.append(raw)
+            self._free.append((raw, pinned))
+        else:
+            self._drop(raw, pinned)
+
+    def _drop(self, raw: np.ndarray, pinned: bool) -> None:
+        if pinned and self._registrar is not None:
+            self._registrar.unregister(raw)
+            self.num_pinned -= 1
 
 
 def _offsets(layout: RowSpec, num_rows: int) -> tuple[list[int], int]:
@@ -152,10 +196,17 @@ class Prefetcher:
     ``__del__``.
     """
 
-    def __init__(self, produce: Callable[[int], object | None], start: int, depth: int) -> None:
+    def __init__(
+        self,
+        produce: Callable[[int], object | None],
+        start: int,
+        depth: int,
+        timings: Timings | None = None,
+    ) -> None:
         if depth < 1:
             raise ConfigError(f"pipeline.Prefetcher: depth ({depth}, expected >= 1)")
         self._produce = produce
+        self._timings = timings if timings is not None else Timings()
         self._queue: queue.Queue[object] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._done = False
@@ -166,6 +217,14 @@ class Prefetcher:
 
     def get(self) -> tuple[int, object] | None:
         """The next ``(step, item)``; None once the stream ended or after ``close``."""
+        began = time.perf_counter()
+        try:
+            return self._get()
+        finally:
+            self._timings.add("wait_producer", time.perf_counter() - began)
+            self._timings.num_taken += 1
+
+    def _get(self) -> tuple[int, object] | None:
         while not self._done:
             try:
                 entry = self._queue.get(timeout=0.1)
@@ -210,7 +269,10 @@ class Prefetcher:
                 item = self._produce(step)
                 if item is None:
                     break
+                began = time.perf_counter()
                 self._put((step, item))
+                self._timings.add("wait_consumer", time.perf_counter() - began)
+                self._timings.num_batches += 1
                 del item
                 step += 1
             self._put(_END)
@@ -224,3 +286,162 @@ class Prefetcher:
                 return
             except queue.Full:
                 continue
+
+
+HOST_SLICES = 8  # a batch's rows in this many fixed slices, whatever the thread count
+
+Batch = dict[str, np.ndarray]
+
+
+def slice_bounds(num_rows: int) -> list[tuple[int, int]]:
+    """The fixed, non-empty [start, stop) row slices a sliced host transform sees.
+
+    >>> slice_bounds(20)[:3], len(slice_bounds(20)), slice_bounds(2), slice_bounds(0)
+    ([(0, 2), (2, 5), (5, 7)], 8, [(0, 1), (1, 2)], [(0, 0)])
+    """
+    edges = sorted({i * num_rows // HOST_SLICES for i in range(HOST_SLICES + 1)})
+    return list(itertools.pairwise(edges)) or [(0, 0)]
+
+
+class SlicedTransform:
+    """``fn(rows, rng) -> rows`` over the fixed slices of a batch (`slice_bounds`), in the
+    calling thread and ``num_threads - 1`` helpers.
+
+    Slice k runs on thread k % num_threads with ``rng_for(first_row)`` (its first row's
+    global index), so every slice sees the same rows and generator for any number of
+    threads and the joined batch is the same. Output fields that are the slice's own input
+    arrays (a transform that works in place) stay in the batch buffer; any other output is
+    joined with one copy (``np.concatenate``).
+
+    Thread-safety: called from one thread (the pipeline's); ``close`` joins the helpers
+    (idempotent; a later call starts new ones).
+
+    Raises:
+        ConfigError: the slices return different fields.
+        Whatever ``fn`` raises, from the first slice (in row order) that raised, once every
+        slice has finished with the batch buffer.
+    """
+
+    def __init__(self, fn: Callable[[Batch, np.random.Generator], Batch], num_threads: int):
+        self._fn = fn
+        self._num_threads = num_threads
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def __call__(
+        self, batch: Batch, rows: np.ndarray, rng_for: Callable[[int], np.random.Generator]
+    ) -> Batch:
+        bounds = slice_bounds(len(rows))
+        parts = [{name: array[a:b] for name, array in batch.items()} for a, b in bounds]
+        firsts = [int(rows[a]) if a < len(rows) else a for a, _ in bounds]
+        outs: list[Batch | None] = [None] * len(parts)
+        errors: list[BaseException | None] = [None] * len(parts)
+
+        def run(thread: int) -> None:
+            for k in range(thread, len(parts), self._num_threads):
+                try:
+                    outs[k] = self._fn(parts[k], rng_for(firsts[k]))
+                except BaseException as error:  # re-raised below, in slice order
+                    errors[k] = error
+
+        helpers = [self._helpers().submit(run, t) for t in range(1, self._num_threads)]
+        run(0)
+        concurrent.futures.wait(helpers)
+        first_error = next((e for e in errors if e is not None), None)
+        if first_error is not None:
+            raise first_error
+        return _join(batch, parts, cast(list[Batch], outs), bounds)
+
+    def _helpers(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=max(1, self._num_threads - 1), thread_name_prefix="roxxel-host"
+            )
+        return self._pool
+
+    def close(self) -> None:
+        """Join the helper threads."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+
+def _join(
+    batch: Batch, parts: Sequence[Batch], outs: Sequence[Batch], bounds: Sequence[tuple[int, int]]
+) -> Batch:
+    names = list(outs[0])
+    for out, (a, b) in zip(outs, bounds, strict=True):
+        if list(out) != names:
+            raise ConfigError(
+                f"loader: host_transform fields for rows [{a}, {b}) ({sorted(out)}, expected "
+                f"{sorted(names)}, the fields of the first slice)"
+            )
+    joined = {}
+    for name in names:
+        arrays = [out[name] for out in outs]
+        in_place = all(a is part.get(name) for a, part in zip(arrays, parts, strict=True))
+        if in_place:
+            joined[name] = batch[name]
+        else:
+            joined[name] = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
+    return joined
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoaderStats:
+    """Where a loader's time went, in seconds per batch (means since it started).
+
+    Attributes:
+        num_batches: batches the pipeline produced.
+        gather_s: reading the rows into the host buffer (page faults included).
+        transform_s: the host transform.
+        place_s: placement: dispatching the host-to-device copies (and a device transform),
+            not waiting for them.
+        wait_consumer_s: the pipeline waiting for room in the queue: the consumer (the
+            model's step) is slower than the loader.
+        wait_producer_s: the consumer waiting for a batch (per batch it took): the loader is
+            slower than the consumer.
+    """
+
+    num_batches: int
+    gather_s: float
+    transform_s: float
+    place_s: float
+    wait_consumer_s: float
+    wait_producer_s: float
+
+    @property
+    def bottleneck(self) -> str:
+        """ "loader" when the consumer waited on batches more than the pipeline waited on
+        the consumer, else "consumer"."""
+        return "loader" if self.wait_producer_s > self.wait_consumer_s else "consumer"
+
+
+Spent = Literal["gather", "transform", "place", "wait_consumer", "wait_producer"]
+
+
+class Timings:
+    """Running totals behind `LoaderStats`. Each total is written by one thread (the
+    pipeline's, or the consumer's for ``wait_producer``) and read by any: float adds under
+    the GIL, no lock."""
+
+    def __init__(self) -> None:
+        self.num_batches = 0
+        self.num_taken = 0
+        self.totals: dict[Spent, float] = dict.fromkeys(
+            ("gather", "transform", "place", "wait_consumer", "wait_producer"), 0.0
+        )
+
+    def add(self, what: Spent, seconds: float) -> None:
+        self.totals[what] += seconds
+
+    def stats(self) -> LoaderStats:
+        made, taken = max(self.num_batches, 1), max(self.num_taken, 1)
+        t = self.totals
+        return LoaderStats(
+            self.num_batches,
+            t["gather"] / made,
+            t["transform"] / made,
+            t["place"] / made,
+            t["wait_consumer"] / made,
+            t["wait_producer"] / taken,
+        )

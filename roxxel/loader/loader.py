@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import resource
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping, Sized
 from typing import Any, Literal
 
@@ -23,8 +24,17 @@ from jax.sharding import Mesh, PartitionSpec, Sharding
 
 from roxxel.errors import ConfigError, RoxxelError, StateError, check_int
 from roxxel.loader import placement as device
-from roxxel.loader.host import BufferPool, Prefetcher, RowSpec
+from roxxel.loader.host import (
+    BufferPool,
+    LoaderStats,
+    Prefetcher,
+    RowSpec,
+    SlicedTransform,
+    Spent,
+    Timings,
+)
 from roxxel.loader.peek import Decode, PeekRow, peek_step
+from roxxel.loader.pinned import Registrar, registrar_for
 from roxxel.loader.steps import Pick, SinglePicker, StepPicker, picker_for
 from roxxel.protocols import MixtureLike
 from roxxel.sampling.mixture import Mixture
@@ -61,6 +71,15 @@ class LoaderConfig:
         host_transform: ``fn(batch, rng) -> batch`` on numpy host rows in the pipeline
             thread; ``rng`` is `host_rng(seed, step)`. With a sharding it sees this
             process's rows only.
+        host_threads: None runs `host_transform` once per batch, as above. An int N >= 1
+            runs it on the batch's 8 fixed row slices (`roxxel.loader.host.slice_bounds`)
+            in N threads (the pipeline thread and N - 1 helpers; numpy releases the GIL),
+            each slice with ``rng = host_rng(seed, step, row)`` for its first row's global
+            index: the batch is the same for every N. Each output field must have the
+            slice's rows first; fields the transform returns in place cost no copy.
+        pin_host: stage batches bound for CUDA devices in page-locked host buffers (the
+            gather writes into them; the copy to the device runs at the link's full rate);
+            no effect on CPU, or where the CUDA runtime does not load.
         device_transform: ``fn(batch, key) -> batch``, jitted, applied after placement;
             ``key`` is ``jax.random.fold_in(jax.random.key(seed), step)``.
         max_batch_bytes: the most host bytes one global batch may take (its rows times the
@@ -79,6 +98,8 @@ class LoaderConfig:
     prefetch: int = 2
     readahead: int = 2
     host_transform: Callable[[Batch, np.random.Generator], Batch] | None = None
+    host_threads: int | None = None
+    pin_host: bool = True
     device_transform: Callable[[Batch, Any], Batch] | None = None
     max_batch_bytes: int = 1 << 32
 
@@ -92,6 +113,8 @@ class LoaderConfig:
         if not _is_int(self.readahead) or self.readahead < 0:
             _bad("readahead", self.readahead, "an int >= 0")
         check_int("loader: max_batch_bytes", self.max_batch_bytes, 1)
+        if self.host_threads is not None:
+            check_int("loader: host_threads", self.host_threads, 1, 256)
         if self.fields is not None:
             object.__setattr__(self, "fields", tuple(self.fields))
 
@@ -104,13 +127,21 @@ class LoaderConfig:
         }
 
 
-def host_rng(seed: int, step: int) -> np.random.Generator:
+def host_rng(seed: int, step: int, row: int | None = None) -> np.random.Generator:
     """The host transform's generator for `step`: Philox keyed by (seed, step), no state.
+
+    With `row` (a global row index, for `LoaderConfig.host_threads`), the stream of that
+    row: the same key, its counter started 2**128 * (row + 1) blocks in, so no two rows'
+    streams meet.
 
     >>> int(host_rng(0, 5).integers(1 << 30)) == int(host_rng(0, 5).integers(1 << 30))
     True
+    >>> int(host_rng(0, 5, 3).integers(1 << 30)) != int(host_rng(0, 5, 4).integers(1 << 30))
+    True
     """
-    return np.random.Generator(np.random.Philox(key=np.array([seed, step], dtype=np.uint64)))
+    key = np.array([seed, step], dtype=np.uint64)
+    counter = None if row is None else np.array([0, 0, row + 1, 0], dtype=np.uint64)
+    return np.random.Generator(np.random.Philox(key=key, counter=counter))
 
 
 class Loader:
@@ -193,6 +224,8 @@ class Loader:
         )
         self._description = _describe(source, self._picker, order, options)
         self._prefetcher: Prefetcher | None = None
+        self._timings = Timings()
+        self._assembler.timings = self._timings
         self._closed = False
 
     @property
@@ -301,9 +334,18 @@ class Loader:
         self.close()
 
     def close(self) -> None:
-        """Stop and join the pipeline thread; the loader yields nothing afterwards."""
+        """Stop and join the pipeline thread and the host transform's threads, release
+        (unpin) the free host buffers; the loader yields nothing afterwards."""
         self._closed = True
         self._stop_pipeline()
+        self._assembler.close()
+
+    def stats(self) -> LoaderStats:
+        """Where the time of each batch went so far, in seconds per batch: gather,
+        host transform, placement (dispatch), the pipeline waiting on the consumer, the
+        consumer waiting on the pipeline (see `roxxel.loader.host.LoaderStats`). Cheap; any
+        thread. When ``wait_producer_s`` is near zero the model is the bottleneck."""
+        return self._timings.stats()
 
     def __del__(self) -> None:
         # at interpreter exit the modules it needs may be gone; daemon threads die anyway
@@ -314,7 +356,9 @@ class Loader:
         if self._closed:
             return None
         if self._prefetcher is None:
-            self._prefetcher = Prefetcher(self._assembler, self._step, self.config.prefetch)
+            self._prefetcher = Prefetcher(
+                self._assembler, self._step, self.config.prefetch, self._timings
+            )
         try:
             entry = self._prefetcher.get()
         except BaseException:
@@ -331,6 +375,7 @@ class Loader:
         prefetcher, self._prefetcher = self._prefetcher, None
         if prefetcher is not None:
             prefetcher.close()
+            self._assembler.stop_helpers()
 
 
 class _Assembler:
@@ -345,6 +390,24 @@ class _Assembler:
         self._rows: dict[tuple[int, RowSpec], np.ndarray] = {}
         self._plans: dict[tuple[Any, ...], dict[str, device.RowPlacement]] = {}
         self._device_fn = jax.jit(config.device_transform) if config.device_transform else None
+        self.timings = Timings()
+        self._sliced = None
+        if config.host_transform is not None and config.host_threads is not None:
+            self._sliced = SlicedTransform(config.host_transform, config.host_threads)
+        self._registrar: Registrar | None = None
+        if sharding is not None and config.pin_host:
+            self._registrar = registrar_for(_devices_of(sharding))
+
+    def stop_helpers(self) -> None:
+        """Join the host transform's helper threads (a later batch starts them again)."""
+        if self._sliced is not None:
+            self._sliced.close()
+
+    def close(self) -> None:
+        """Join the helper threads; drop (unpin) the free host buffers."""
+        self.stop_helpers()
+        for pool in self._pools.values():
+            pool.close()
 
     def check(self, step: int) -> np.ndarray:
         """The rows this process reads at `step`'s batch size and layout (a mixture phase may
@@ -369,6 +432,7 @@ class _Assembler:
         pick = self._picker.pick(step, rows)
         if pick is None:
             return None
+        began = time.perf_counter()
         self._advise(step, pick)
         host = self._pool(
             batch_size, len(rows), self._picker.row_spec_at(step, self._extras)
@@ -380,16 +444,33 @@ class _Assembler:
         ):  # cold pages: keep reading ahead for a while
             self._cold_until = step + 1 + _COLD_STEPS * self._config.readahead
         self._add_extras(pick, rows, host)
-        if self._config.host_transform is not None:
-            host = self._config.host_transform(host, host_rng(self._seed, step))
+        began = self._lap("gather", began)
+        host = self._transform(step, rows, host)
+        began = self._lap("transform", began)
         if self._sharding is None:
             return host
         plans = self._plans_for(batch_size, host)
         placed = device.place_fields(plans, host, rows=rows)
         del host
-        if self._device_fn is None:
-            return placed
-        return self._device_fn(placed, jax.random.fold_in(jax.random.key(self._seed), step))
+        if self._device_fn is not None:
+            key = jax.random.fold_in(jax.random.key(self._seed), step)
+            placed = self._device_fn(placed, key)
+        self._lap("place", began)
+        return placed
+
+    def _lap(self, what: Spent, began: float) -> float:
+        now = time.perf_counter()
+        self.timings.add(what, now - began)
+        return now
+
+    def _transform(self, step: int, rows: np.ndarray, host: Batch) -> Batch:
+        fn = self._config.host_transform
+        if fn is None:
+            return host
+        if self._sliced is None:
+            return fn(host, host_rng(self._seed, step))
+        seed = self._seed
+        return self._sliced(host, rows, lambda row: host_rng(seed, step, row))
 
     def _plans_for(self, batch_size: int, host: Batch) -> dict[str, device.RowPlacement]:
         shapes = {name: (batch_size, *array.shape[1:]) for name, array in host.items()}
@@ -403,7 +484,7 @@ class _Assembler:
         pool = self._pools.get((batch_size, layout))
         if pool is None:
             pool = self._pools[batch_size, layout] = BufferPool(
-                layout, num_rows, keep=self._config.prefetch + 2
+                layout, num_rows, keep=self._config.prefetch + 2, registrar=self._registrar
             )
         return pool
 
@@ -590,6 +671,11 @@ def _source_words(source: Any) -> dict[str, Any]:
         layout = {name: [list(shape), dtype.name] for name, (shape, dtype) in source.layout.items()}
         return {"dataset": source.dataset.fingerprint, "layout": layout}
     return {}
+
+
+def _devices_of(sharding: Sharding | Mapping[str, Sharding]) -> set[Any]:
+    shardings = sharding.values() if isinstance(sharding, Mapping) else [sharding]
+    return {d for s in shardings for d in s.device_set}
 
 
 def _resolve_sharding(sharding: Any) -> Any:

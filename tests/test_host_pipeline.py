@@ -1,0 +1,324 @@
+"""The loader's host pipeline at the hardware's speed: threaded host transforms (issue 14),
+the pinned buffer ring and where each batch's time goes (issue 16).
+
+Runs on 8 CPU devices (tests/conftest.py). CPU has no pinned memory kind, so the ring runs
+with a fake registrar here, and the fallback (no registrar on CPU) is checked as such.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+import roxxel
+from roxxel.errors import ConfigError
+from roxxel.loader import loader as loader_module
+from roxxel.loader.host import BufferPool, LoaderStats, RowSpec, SlicedTransform, slice_bounds
+from roxxel.loader.loader import Loader, LoaderConfig, host_rng
+from roxxel.loader.pinned import CudaRegistrar, Registrar, registrar_for
+
+NUM_RECORDS = 53
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    path = tmp_path_factory.mktemp("host_pipeline")
+    schema = roxxel.Schema.parse({"label": "int64", "image": "float32[6]"})
+    with roxxel.DatasetWriter(path, schema, shard_bytes=900) as writer:
+        for i in range(NUM_RECORDS):
+            writer.write({"label": i, "image": np.arange(6, dtype=np.float32) * i})
+    return roxxel.open_dataset(path)
+
+
+def _run(dataset, num_steps, batch_size=16, **options):
+    config = LoaderConfig(num_epochs=None, **options)
+    with Loader(dataset, batch_size, seed=7, config=config) as loader:
+        out = []
+        for batch in loader:
+            out.append({k: np.array(v) for k, v in batch.items()})
+            if len(out) == num_steps:
+                return out
+    return out
+
+
+def _host_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("roxxel-")]
+
+
+def _noisy_copy(batch, rng):
+    """A row-wise transform that returns new arrays: noise per row from its slice's rng."""
+    noise = rng.normal(size=batch["image"].shape).astype(np.float32)
+    return {"image": batch["image"] + noise, "label": batch["label"] * 2}
+
+
+def _noisy_in_place(batch, rng):
+    batch["image"] += rng.normal(size=batch["image"].shape).astype(np.float32)
+    return batch
+
+
+# --- issue 14: parallel host transforms ----------------------------------------------------
+
+
+@pytest.mark.parametrize("transform", [_noisy_copy, _noisy_in_place])
+def test_issue14_host_threads_gives_the_batches_of_one_thread(dataset, transform):
+    one = _run(dataset, 5, host_transform=transform, host_threads=1)
+    for threads in (2, 3, 8):
+        _assert_same(_run(dataset, 5, host_transform=transform, host_threads=threads), one)
+    assert not _host_threads()
+
+
+def test_issue14_each_slice_draws_from_its_first_rows_stream(dataset):
+    got = _run(dataset, 3, host_transform=_noisy_copy, host_threads=2)
+    plain = _run(dataset, 3)
+    step, (start, stop) = 2, slice_bounds(16)[5]
+    expected = plain[step]["image"][start:stop] + host_rng(7, step, start).normal(
+        size=(stop - start, 6)
+    ).astype(np.float32)
+    np.testing.assert_array_equal(got[step]["image"][start:stop], expected)
+    np.testing.assert_array_equal(got[step]["label"], plain[step]["label"] * 2)
+
+
+def test_issue14_host_rng_without_a_row_is_the_step_stream_of_before():
+    legacy = np.random.Generator(np.random.Philox(key=np.array([3, 4], dtype=np.uint64)))
+    assert host_rng(3, 4).integers(1 << 62) == legacy.integers(1 << 62)
+    assert host_rng(3, 4, 0).integers(1 << 62) != host_rng(3, 4).integers(1 << 62)
+
+
+def test_issue14_sharded_slices_are_keyed_by_global_row(dataset):
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    sharded = _run(dataset, 2, host_transform=_noisy_copy, host_threads=2)
+    config = LoaderConfig(num_epochs=None, host_transform=_noisy_copy, host_threads=3)
+    with Loader(dataset, 16, seed=7, sharding=(mesh, P("data")), config=config) as loader:
+        placed = [{k: np.asarray(v) for k, v in next(loader).items()} for _ in range(2)]
+    _assert_same(placed, sharded)
+
+
+def test_issue14_close_break_and_exhaustion_join_every_helper_thread(dataset):
+    config = LoaderConfig(num_epochs=None, host_transform=_noisy_copy, host_threads=3)
+    loader = Loader(dataset, 8, config=config)
+    next(loader)
+    assert any(t.name.startswith("roxxel-host") for t in threading.enumerate())
+    loader.close()
+    assert not _host_threads()
+    for _ in Loader(dataset, 8, config=config):
+        break
+    gc.collect()
+    assert not _host_threads()
+    finite = LoaderConfig(host_transform=_noisy_copy, host_threads=2)
+    assert len(list(Loader(dataset, 8, config=finite))) == NUM_RECORDS // 8
+    assert not _host_threads()
+
+
+def test_issue14_restore_restarts_the_helpers_and_keeps_the_batches(dataset):
+    config = LoaderConfig(num_epochs=None, host_transform=_noisy_copy, host_threads=2)
+    reference = _run(dataset, 4, host_transform=_noisy_copy, host_threads=2)
+    with Loader(dataset, 16, seed=7, config=config) as loader:
+        next(loader)
+        state = loader.state()
+        next(loader)
+        loader.restore(state)
+        got = [{k: np.array(v) for k, v in next(loader).items()} for _ in range(3)]
+    _assert_same(got, reference[1:])
+
+
+def _fails_from_row_8(batch, rng):
+    if batch["label"].size and batch["label"][0] in _fails_from_row_8.labels:
+        raise RuntimeError("slice failed")
+    return batch
+
+
+def test_issue14_a_slice_error_reaches_the_consumer_and_no_thread_is_left(dataset):
+    plain = _run(dataset, 1)[0]["label"]
+    _fails_from_row_8.labels = set(plain[8:].tolist())
+    config = LoaderConfig(host_transform=_fails_from_row_8, host_threads=4)
+    with pytest.raises(RuntimeError, match="slice failed"):
+        next(Loader(dataset, 16, seed=7, config=config))
+    gc.collect()
+    assert not _host_threads()
+
+
+def test_issue14_slices_returning_different_fields_is_a_config_error():
+    def by_row(batch, rng):
+        return {"x": batch["x"]} if batch["x"][0] == 0 else {"y": batch["x"]}
+
+    sliced = SlicedTransform(by_row, 2)
+    try:
+        with pytest.raises(ConfigError, match="host_transform fields for rows"):
+            sliced({"x": np.arange(16)}, np.arange(16), lambda row: host_rng(0, 0, row))
+    finally:
+        sliced.close()
+
+
+@pytest.mark.parametrize("threads", [0, -1, True, 1.5, 257])
+def test_issue14_host_threads_out_of_range_is_a_config_error(threads):
+    with pytest.raises(ConfigError, match="host_threads"):
+        LoaderConfig(host_threads=threads)
+
+
+# --- issue 16: the pinned ring -------------------------------------------------------------
+
+
+class FakeRegistrar:
+    """Records what a CUDA registrar would pin; refuses after `limit` registrations."""
+
+    def __init__(self, limit: int = 1 << 30) -> None:
+        self.pinned: dict[int, int] = {}
+        self.calls: list[tuple[str, int]] = []
+        self.limit = limit
+
+    def register(self, array: np.ndarray) -> bool:
+        address = array.ctypes.data
+        self.calls.append(("register", address))
+        if len(self.pinned) >= self.limit:
+            return False
+        assert address % 4096 == 0 and array.flags.c_contiguous  # what cudaHostRegister wants
+        self.pinned[address] = array.nbytes
+        return True
+
+    def unregister(self, array: np.ndarray) -> None:
+        self.calls.append(("unregister", array.ctypes.data))
+        del self.pinned[array.ctypes.data]
+
+
+LAYOUT = RowSpec.of({"x": ((3,), np.int32), "y": ((), np.float64)})
+
+
+def test_issue16_ring_pins_each_buffer_once_and_reuses_it():
+    fake = FakeRegistrar()
+    pool = BufferPool(LAYOUT, 4, keep=2, registrar=fake)
+    assert isinstance(fake, Registrar)
+    for _ in range(5):
+        batch = pool.acquire()
+        batch["x"][:] = 1
+        del batch
+        gc.collect()
+    assert pool.num_allocated == 1 and pool.num_pinned == 1
+    assert [c for c, _ in fake.calls] == ["register"]
+
+
+def test_issue16_ring_keeps_release_before_reuse_and_unpins_what_it_drops():
+    fake = FakeRegistrar()
+    pool = BufferPool(LAYOUT, 4, keep=1, registrar=fake)
+    held = [pool.acquire() for _ in range(3)]  # a consumer keeping batches
+    for value, batch in enumerate(held):
+        batch["x"][:] = value
+    again = pool.acquire()
+    again["x"][:] = 99
+    for value, batch in enumerate(held):
+        np.testing.assert_array_equal(batch["x"], value)  # never rewritten while held
+    assert pool.num_allocated == 4 and len(fake.pinned) == 4
+    del held, again, batch
+    gc.collect()
+    assert len(fake.pinned) == 1  # keep=1: the other three were unpinned before freeing
+    pool.close()
+    assert not fake.pinned and pool.num_pinned == 0
+
+
+def test_issue16_a_buffer_the_registrar_refuses_stays_pageable():
+    fake = FakeRegistrar(limit=0)
+    pool = BufferPool(LAYOUT, 4, keep=1, registrar=fake)
+    batch = pool.acquire()
+    batch["x"][:] = 5
+    assert pool.num_pinned == 0 and not fake.pinned
+    del batch
+    gc.collect()
+    pool.close()
+    assert [c for c, _ in fake.calls] == ["register"]
+
+
+def test_issue16_cpu_devices_get_no_registrar_and_the_loader_keeps_todays_path(dataset):
+    assert registrar_for(jax.devices()) is None
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    config = LoaderConfig(num_epochs=None)
+    with Loader(dataset, 16, seed=7, sharding=(mesh, P("data")), config=config) as loader:
+        got = [{k: np.asarray(v) for k, v in next(loader).items()} for _ in range(3)]
+        assert all(pool.num_pinned == 0 for pool in loader._assembler._pools.values())
+    _assert_same(got, _run(dataset, 3))
+
+
+def test_issue16_loader_gathers_into_the_pinned_ring(dataset, monkeypatch):
+    fake = FakeRegistrar()
+    seen = []
+
+    def fake_for(devices):
+        seen.append({d.platform for d in devices})
+        return fake
+
+    monkeypatch.setattr(loader_module, "registrar_for", fake_for)
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    config = LoaderConfig(num_epochs=None)
+    loader = Loader(dataset, 16, seed=7, sharding=(mesh, P("data")), config=config)
+    with loader:
+        got = [{k: np.asarray(v) for k, v in next(loader).items()} for _ in range(6)]
+        assert fake.pinned and seen == [{"cpu"}]
+    _assert_same(got, _run(dataset, 6))
+    del loader, got
+    gc.collect()
+    assert not fake.pinned  # closed: every buffer unpinned once released
+    unpinned = LoaderConfig(num_epochs=None, pin_host=False)
+    Loader(dataset, 16, sharding=(mesh, P("data")), config=unpinned).close()
+    assert len(seen) == 1
+
+
+class _FakeFunction:
+    def __init__(self, result: int) -> None:
+        self.result, self.args = result, []
+
+    def __call__(self, *args):
+        self.args.append(args)
+        return self.result
+
+
+def test_issue16_cuda_registrar_calls_host_register_portable_and_reads_its_status():
+    class FakeCudart:
+        cudaHostRegister = _FakeFunction(0)
+        cudaHostUnregister = _FakeFunction(0)
+
+    registrar = CudaRegistrar(FakeCudart())
+    array = np.zeros(4096, np.uint8)
+    assert registrar.register(array)
+    assert FakeCudart.cudaHostRegister.args == [(array.ctypes.data, 4096, 1)]
+    registrar.unregister(array)
+    assert FakeCudart.cudaHostUnregister.args == [(array.ctypes.data,)]
+    FakeCudart.cudaHostRegister.result = 2  # cudaErrorMemoryAllocation
+    assert not registrar.register(array)
+    assert not registrar.register(np.zeros(0, np.uint8))
+
+
+# --- issue 16: where the time goes ---------------------------------------------------------
+
+
+def test_issue16_stats_count_every_batch_and_each_part_of_its_time(dataset):
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    config = LoaderConfig(num_epochs=None, host_transform=_noisy_copy, host_threads=2)
+    with Loader(dataset, 16, sharding=(mesh, P("data")), config=config) as loader:
+        assert loader.stats().num_batches == 0
+        for _ in range(4):
+            next(loader)
+        stats = loader.stats()
+    assert isinstance(stats, LoaderStats)
+    assert stats.num_batches >= 4
+    assert stats.gather_s > 0 and stats.transform_s > 0 and stats.place_s > 0
+    assert stats.wait_consumer_s >= 0 and stats.wait_producer_s >= 0
+    assert stats.bottleneck in ("loader", "consumer")
+
+
+def test_issue16_stats_name_the_side_that_waited_less_as_the_bottleneck():
+    slow_model = LoaderStats(10, 1e-3, 0.0, 1e-4, 5e-3, 1e-6)
+    slow_loader = LoaderStats(10, 1e-3, 0.0, 1e-4, 1e-6, 5e-3)
+    assert slow_model.bottleneck == "consumer"
+    assert slow_loader.bottleneck == "loader"
+
+
+def _assert_same(got, expected):
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)

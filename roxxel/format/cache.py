@@ -27,6 +27,7 @@ import os
 import re
 import secrets
 import threading
+import weakref
 from collections.abc import Iterable, Mapping
 from concurrent import futures
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
@@ -50,6 +51,8 @@ from roxxel.format.remote import FetchPolicy, RemoteStore, join_url
 __all__ = ["CacheConfig", "ShardCache"]
 
 _PART = ".part"
+# Every cache object, so a forked child can drop its parent's fetch threads and locks.
+_OPEN: weakref.WeakSet[ShardCache] = weakref.WeakSet()
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +108,7 @@ class ShardCache:
         self._inflight: dict[str, Future[Path]] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._published: set[str] = set()  # names this object saw published: prefetch skips
+        _OPEN.add(self)
         self.num_fetched = 0  # shards this object downloaded (not reused): for tests, progress
 
     def read_manifest(self) -> Manifest:
@@ -318,6 +322,16 @@ class ShardCache:
                 )
         finally:
             shard.close()
+
+
+def _renew_after_fork() -> None:
+    """In a forked child: no fetch thread of the parent runs here, and a lock one held at the
+    fork would never be released."""
+    for cache in list(_OPEN):
+        cache._lock, cache._pool, cache._inflight = threading.Lock(), None, {}
+
+
+os.register_at_fork(after_in_child=_renew_after_fork)
 
 
 def _what(exc: FormatError, temp: Path) -> str:

@@ -10,6 +10,7 @@ the URL only.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -84,9 +85,13 @@ class RemoteStore:
         self.policy = policy or FetchPolicy()
         self._lock = threading.Lock()
         self._fs: tuple[Any, str] | None = None
+        self._pid = os.getpid()
 
     def filesystem(self) -> tuple[Any, str]:
-        """(fsspec filesystem, path of the folder inside it), opened on first use."""
+        """(fsspec filesystem, path of the folder inside it), opened on first use and again
+        in a forked child (a client's connections and event loop do not survive a fork)."""
+        if self._pid != os.getpid():
+            self._lock, self._fs, self._pid = threading.Lock(), None, os.getpid()
         with self._lock:
             if self._fs is None:
                 self._fs = _filesystem(self.url, self.storage_options)

@@ -93,7 +93,7 @@ def _lines(piece: Piece) -> Iterator[tuple[int, bytes]]:
             if pos >= piece.stop:
                 return
             end = pos + len(line)
-            if end < piece.stop and not line.endswith(b"\n"):  # a last line cut short
+            if end < piece.stop and line[-1] != 10:  # no newline before stop: cut short
                 break
             yield pos, line
             pos = end

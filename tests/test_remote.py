@@ -127,6 +127,31 @@ def test_prefetch_fetches_in_the_background_in_parallel(local, tmp_path):
     assert dataset.cache.num_fetched == dataset.num_shards
 
 
+def test_a_shard_wanted_now_does_not_wait_behind_queued_fetches(local, tmp_path):
+    import threading
+
+    cache = ShardCache(CacheConfig(f"file://{local}", tmp_path, max_fetches=1, policy=FAST))
+    first, middle, wanted = cache.read_manifest().shards[:3]
+    release, started = threading.Event(), threading.Event()
+    read = cache.store.read
+
+    def stalled(name, start=0, stop=None):
+        if name == first.path:  # the one download slot stays busy until the test says so
+            started.set()
+            release.wait()
+        return read(name, start, stop)
+
+    cache.store.read = stalled  # type: ignore[method-assign]
+    cache.prefetch([first, middle, wanted])
+    assert started.wait(30)
+    assert cache.fetch(wanted).name == wanted.path  # fetched here, while `first` still hangs
+    assert not cache.is_current(first) and not cache.is_current(middle)
+    release.set()
+    cache.wait()
+    assert all(cache.is_current(e) for e in (first, middle, wanted))
+    assert cache.num_fetched == 3
+
+
 def test_records_advise_starts_fetching_the_shards_it_names(local, tmp_path):
     dataset = _open(f"file://{local}", tmp_path)
     source = roxxel.Records(dataset, fields=["label"])

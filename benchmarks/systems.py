@@ -50,7 +50,7 @@ PACK = ("pack_lm", "pack_images")
 # Cold-cache loader batches: roxxel against the plain memmap reader only (issue 3).
 COLD_TRAIN = ("train_images_cold",)
 # roxxel alone: a train step fed by the Loader, and memory over an epoch (issue 3).
-TRAIN_ONLY = ("train_step", "train_memory")
+TRAIN_ONLY = ("train_step", "train_memory", "train_first_pass", "train_host_threads")
 # roxxel alone: the memory and verification claims of the format issue (2), and the pack's
 # block path against its record path (5).
 FORMAT_ONLY = ("open_memory", "verify_cost", "pack_paths")

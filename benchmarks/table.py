@@ -26,6 +26,8 @@ WORKLOADS: dict[str, str] = {
     "train_tokens": "Shuffled training batches: token windows 64 x 2048 (int32)",
     "train_images": "Shuffled training batches: images 256 x 3x64x64 (uint8) + labels",
     "train_images_cold": "Shuffled image batches, cold cache: the first batches after eviction",
+    "train_first_pass": "First pass over a mapped dataset vs the same batches with every page mapped",
+    "train_host_threads": "A host transform as costly as the batch read: host_threads=2 vs 1",
     "train_step": "A jitted train step ~10x the loader's batch time: fed by the Loader vs a prebuilt array",
     "train_memory": "Resident memory over one epoch of image batches (jax.Array out)",
     "train_checkpoint": "roxxel.train.fit steady state: Orbax checkpoints every 50 steps vs none",

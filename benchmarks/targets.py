@@ -184,6 +184,23 @@ TARGETS: tuple[Target, ...] = (
     *_workers_targets("pack_lm", "JSONL corpus"),
     *_workers_targets("pack_images", ".npy images"),
     Target(
+        14,
+        "host transform as costly as the read: host_threads=2 vs 1 (2 cores)",
+        1.6,
+        (RX, "train_host_threads", "Loader, host transform, host_threads=2"),
+        (RX, "train_host_threads", "Loader, host transform, host_threads=1"),
+    ),
+    *(
+        Target(
+            16,
+            f"{what}: a first pass over a fresh mapping vs the same batches, pages mapped",
+            0.8,
+            (RX, "train_first_pass", f"{what}: first pass"),
+            (RX, "train_first_pass", f"{what}: same batches"),
+        )
+        for what in ("token windows 64 x 2048", "images 256 x 3x64x64")
+    ),
+    Target(
         6,
         "fit with an Orbax checkpoint every 50 steps vs none: steady-state steps/s, same run",
         0.95,

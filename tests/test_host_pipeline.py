@@ -73,6 +73,28 @@ def test_issue14_host_threads_gives_the_batches_of_one_thread(dataset, transform
     assert not _host_threads()
 
 
+def test_issue14_host_threads_without_a_transform_gathers_slices_in_threads(dataset):
+    plain = _run(dataset, 7)
+    _assert_same(_run(dataset, 7, host_threads=3), plain)
+    padded = LoaderConfig(final_batch="pad", provenance=True, host_threads=2)
+    expected = LoaderConfig(final_batch="pad", provenance=True)
+    got = [dict(b) for b in Loader(dataset, 16, seed=2, config=padded)]
+    _assert_same(got, [dict(b) for b in Loader(dataset, 16, seed=2, config=expected)])
+    assert not got[-1]["valid"].all()  # the padded last batch went through the slices too
+
+
+def test_issue14_a_mixture_gathers_its_slices_like_one_thread(dataset):
+    sources = {"a": roxxel.Records(dataset), "b": roxxel.Records(dataset)}
+    mixture = roxxel.Mixture(sources, [roxxel.Phase({"a": 1, "b": 3})], batch_size=16, seed=4)
+    one = LoaderConfig(provenance=True, host_transform=_noisy_copy, host_threads=1)
+    two = LoaderConfig(provenance=True, host_transform=_noisy_copy, host_threads=2)
+    with Loader(mixture, config=one) as a, Loader(mixture, config=two) as b:
+        _assert_same(
+            [{k: np.array(v) for k, v in next(a).items()} for _ in range(4)],
+            [{k: np.array(v) for k, v in next(b).items()} for _ in range(4)],
+        )
+
+
 def test_issue14_each_slice_draws_from_its_first_rows_stream(dataset):
     got = _run(dataset, 3, host_transform=_noisy_copy, host_threads=2)
     plain = _run(dataset, 3)

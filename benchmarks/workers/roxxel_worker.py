@@ -322,6 +322,132 @@ def w_train_images_cold(p: dict) -> list[ms.Metric]:
     ]
 
 
+def _first_then_mapped(source_of, batch: int, n: int, reps: int) -> tuple[list[float], list[float]]:
+    """Per repeat: the rate of `n` batches through a fresh mapping of the dataset (a first
+    pass: every page is touched for the first time), then of the same `n` batches again
+    through that mapping (every page they need already mapped). The file stays in the page
+    cache throughout; only the mappings differ."""
+    loader_cls, config = _api("Loader"), _api("LoaderConfig")(num_epochs=None)
+    first, mapped = [], []
+    for rep in range(reps):
+        source = source_of()  # a new Dataset: new mmaps, no page of them mapped yet
+        for rates in (first, mapped):
+            with loader_cls(source, batch, seed=rep + 1, config=config) as loader:
+                it = iter(loader)
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    next(it)
+                rates.append(n / (time.perf_counter() - t0))
+            del it, loader
+        del source
+        gc.collect()  # unmap this repeat's shards before the next one opens them again
+    return first, mapped
+
+
+def w_train_first_pass(p: dict) -> list[ms.Metric]:
+    """Issue 16 part 1: a first pass over a mapped dataset vs the same batches once every
+    page they need is mapped, for token windows and shuffled image records (warm cache)."""
+    spec = _spec(p)
+    lm, images = ensure_data(spec)
+    rx, reps = _rx(), max(3, int(p.get("repeats", 5)))
+    for path in (lm, images):  # the files in the page cache: only the mapping is cold
+        for file in ms.files_under(path):
+            file.read_bytes()
+    # at most half of each file's bytes, so the pass never runs out of unmapped pages
+    num_tokens = max(8, min(400, spec.lm_bytes // 2 // (dg.TOKEN_BATCH * (dg.SEQ_LEN + 1) * 4)))
+    num_images = max(4, min(100, spec.num_images // 2 // dg.IMAGE_BATCH))
+    cases = (
+        (
+            "token windows 64 x 2048",
+            dg.TOKEN_BATCH,
+            num_tokens,
+            lambda: _api("TokenWindows")(rx.open_dataset(lm), "tokens", dg.SEQ_LEN),
+        ),
+        ("images 256 x 3x64x64", dg.IMAGE_BATCH, num_images, lambda: rx.open_dataset(images)),
+    )
+    rows = []
+    for name, batch, n, source_of in cases:
+        first, mapped = _first_then_mapped(source_of, batch, n, reps)
+        ratios = [a / b for a, b in zip(first, mapped, strict=True)]
+        note = f"first {n} batches; ratio per repeat " + ", ".join(f"{r:.2f}" for r in ratios)
+        rows.append(
+            ms.metric(
+                "train_first_pass",
+                f"{name}: first pass (fresh mapping)",
+                float(np.median(first)),
+                "batches/s",
+                notes=note,
+            )
+        )
+        rows.append(
+            ms.metric(
+                "train_first_pass",
+                f"{name}: same batches, pages mapped",
+                float(np.median(mapped)),
+                "batches/s",
+            )
+        )
+    return rows
+
+
+def _busy_work(rounds: int):
+    """A numpy host transform of `rounds` in-place passes over the images (GIL released)."""
+
+    def transform(batch, rng):
+        image = batch["image"]
+        bump = rng.integers(0, 4, dtype=np.uint8)
+        for _ in range(rounds):
+            np.add(image, bump, out=image)
+        return batch
+
+    return transform
+
+
+def w_train_host_threads(p: dict) -> list[ms.Metric]:
+    """Issue 14: a host transform that costs about what the batch read costs, run with
+    ``host_threads=2`` vs 1 (shuffled images, numpy out), interleaved repeats. Each thread
+    reads its row slices and transforms them, so reading and transforming both spread."""
+    spec = _spec(p)
+    ds = _rx().open_dataset(ensure_data(spec)[1])
+    n, reps = int(p.get("batches", IMAGE_BATCHES)) // 2, max(3, int(p.get("repeats", 5)))
+    loader_cls, config_cls = _api("Loader"), _api("LoaderConfig")
+
+    def loader(threads: int | None, rounds: int):
+        config = config_cls(
+            num_epochs=None, host_transform=_busy_work(rounds), host_threads=threads
+        )
+        return loader_cls(ds, dg.IMAGE_BATCH, seed=0, config=config)
+
+    with loader(None, 1) as probe:  # calibrate: rounds so the transform costs one gather
+        for _ in range(50):
+            next(probe)
+        stats = probe.stats()
+    rounds = max(1, round(stats.gather_s / max(stats.transform_s, 1e-9)))
+    last = stats
+    rates: dict[int | None, list[float]] = {2: [], 1: [], None: []}
+    for _ in range(reps):
+        for threads in rates:
+            with loader(threads, rounds) as timed:
+                rates[threads].append(_loader_rate(timed, n, 1))
+                if threads == 2:
+                    last = timed.stats()
+    note = (
+        f"transform = {rounds} in-place np.add passes, calibrated to one gather "
+        f"({1e3 * stats.gather_s:.2f} ms); 2 threads: gather {1e3 * last.gather_s:.2f} ms, "
+        f"transform {1e3 * last.transform_s:.2f} ms per batch"
+    )
+    return [
+        ms.metric(
+            "train_host_threads",
+            f"Loader, host transform, host_threads={t}",
+            float(np.median(r)),
+            "batches/s",
+            notes=note if t == 2 else "",
+        )
+        for t, r in rates.items()
+    ]
+
+
 def w_train_step(p: dict) -> list[ms.Metric]:
     """Issue 3: a jitted step ~10x the loader's batch time, fed by the Loader (jax.Array
     out) vs fed one prebuilt device array, in the same process. XLA runs single-threaded
@@ -628,6 +754,8 @@ WORKLOADS = {
     "train_tokens": w_train_tokens,
     "train_images": w_train_images,
     "train_images_cold": w_train_images_cold,
+    "train_first_pass": w_train_first_pass,
+    "train_host_threads": w_train_host_threads,
     "train_step": w_train_step,
     "train_memory": w_train_memory,
     "resume": w_resume,

@@ -304,8 +304,9 @@ def slice_bounds(num_rows: int) -> list[tuple[int, int]]:
 
 
 class SlicedTransform:
-    """``fn(rows, rng) -> rows`` over the fixed slices of a batch (`slice_bounds`), in the
-    calling thread and ``num_threads - 1`` helpers.
+    """The host work of a batch over its fixed row slices (`slice_bounds`), in the calling
+    thread and ``num_threads - 1`` helpers: ``fill(start, stop, rows)`` (the gather of those
+    rows, when given), then ``fn(rows, rng) -> rows`` (the transform, when there is one).
 
     Slice k runs on thread k % num_threads with ``rng_for(first_row)`` (its first row's
     global index), so every slice sees the same rows and generator for any number of
@@ -322,33 +323,51 @@ class SlicedTransform:
         slice has finished with the batch buffer.
     """
 
-    def __init__(self, fn: Callable[[Batch, np.random.Generator], Batch], num_threads: int):
+    def __init__(
+        self, fn: Callable[[Batch, np.random.Generator], Batch] | None, num_threads: int
+    ) -> None:
         self._fn = fn
         self._num_threads = num_threads
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self.read_share = 1.0  # of the last batch's thread time, the part spent reading
 
     def __call__(
-        self, batch: Batch, rows: np.ndarray, rng_for: Callable[[int], np.random.Generator]
+        self,
+        batch: Batch,
+        rows: np.ndarray,
+        rng_for: Callable[[int], np.random.Generator],
+        fill: Callable[[int, int, Batch], None] | None = None,
     ) -> Batch:
         bounds = slice_bounds(len(rows))
         parts = [{name: array[a:b] for name, array in batch.items()} for a, b in bounds]
         firsts = [int(rows[a]) if a < len(rows) else a for a, _ in bounds]
         outs: list[Batch | None] = [None] * len(parts)
         errors: list[BaseException | None] = [None] * len(parts)
+        spent = [[0.0, 0.0] for _ in parts]  # seconds reading, transforming each slice
 
         def run(thread: int) -> None:
             for k in range(thread, len(parts), self._num_threads):
                 try:
-                    outs[k] = self._fn(parts[k], rng_for(firsts[k]))
+                    began = time.perf_counter()
+                    if fill is not None:
+                        fill(*bounds[k], parts[k])
+                    read = time.perf_counter()
+                    fn = self._fn
+                    outs[k] = parts[k] if fn is None else fn(parts[k], rng_for(firsts[k]))
+                    spent[k] = [read - began, time.perf_counter() - read]
                 except BaseException as error:  # re-raised below, in slice order
                     errors[k] = error
 
         helpers = [self._helpers().submit(run, t) for t in range(1, self._num_threads)]
         run(0)
         concurrent.futures.wait(helpers)
+        reading, transforming = (sum(column) for column in zip(*spent, strict=True))
+        self.read_share = reading / max(reading + transforming, 1e-12)
         first_error = next((e for e in errors if e is not None), None)
         if first_error is not None:
             raise first_error
+        if self._fn is None:
+            return batch
         return _join(batch, parts, cast(list[Batch], outs), bounds)
 
     def _helpers(self) -> concurrent.futures.ThreadPoolExecutor:

@@ -193,9 +193,41 @@ def _batch_block(pa: ModuleType, batch: Any, piece: Piece, first: int) -> Block:
             flat = col.values.to_numpy(zero_copy_only=False)
             columns[name] = flat[int(offsets[0]) : int(offsets[-1])]
             lengths[name] = np.diff(offsets)
+        elif (nested := _nested_values(pa, col)) is not None:
+            columns[name], lengths[name] = nested
         else:
             columns[name] = _column(pa, col, f"{piece.path}: field {name!r}")
     return Block(piece, first, columns, lengths)
+
+
+def _is_list(pa: ModuleType, t: Any) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t)
+
+
+def _nested_values(pa: ModuleType, col: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """A list of (lists or fixed-size lists of) numbers whose inner levels all have one
+    length (an HF ``ArrayND``, a ``list<fixed_size_list<T, k>>``) as its values, shaped
+    (elements, *inner), and each row's length; None for any other column (ragged inner
+    lists, nulls), which then goes record by record."""
+    if not _is_list(pa, col.type):
+        return None
+    offsets = col.offsets.to_numpy()
+    lengths = np.diff(offsets)
+    child, dims = col.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])), []
+    while _is_list(pa, child.type) or pa.types.is_fixed_size_list(child.type):
+        if pa.types.is_fixed_size_list(child.type):
+            dims.append(child.type.list_size)
+            child = child.flatten()  # honours the slice's offset
+            continue
+        inner = child.offsets.to_numpy()
+        sizes = np.unique(np.diff(inner))
+        if len(sizes) != 1 or child.null_count:
+            return None  # ragged, empty or null inner lists: no one shape
+        dims.append(int(sizes[0]))
+        child = child.values.slice(int(inner[0]), int(inner[-1] - inner[0]))
+    if not dims or not _is_number(pa, child.type) or child.null_count:
+        return None
+    return child.to_numpy(zero_copy_only=False).reshape(-1, *dims), lengths
 
 
 def _is_number(pa: ModuleType, t: Any) -> bool:
@@ -254,6 +286,8 @@ def _column(pa: ModuleType, col: Any, where: str) -> Any:
     if _is_number(pa, leaf):  # lists of lists: each row as an array of the element type
         dtype = np.dtype(leaf.to_pandas_dtype())
         return [np.asarray(v, dtype) for v in col.to_pylist()]
+    if types.is_struct(t):  # an HF Image column ({bytes, path}): per-row dicts, for --image-size
+        return col.to_pylist()
     raise ConfigError(
         f"{where}: Arrow type {t} (expected numbers, lists of numbers, string or binary)"
     )

@@ -102,9 +102,12 @@ def _walk(directory: str, kind: InputKind | None, skipped: list[str]) -> list[st
     their extension, selects; what else was passed over goes to ``skipped``."""
     found: list[str] = []
     for root, dirs, files in os.walk(directory):
-        for name in sorted(d for d in dirs if os.path.islink(os.path.join(root, d))):
-            skipped.append(f"{os.path.join(root, name)}: a symlink to a directory, not followed")
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in dirs:  # os.walk does not follow them: say so
+            if os.path.islink(os.path.join(root, name)):
+                skipped.append(
+                    f"{os.path.join(root, name)}: a symlink to a directory, not followed"
+                )
         for name in sorted(files):
             path = os.path.join(root, name)
             if name.startswith(".") or (kind is None and kind_of_path(name) is None):

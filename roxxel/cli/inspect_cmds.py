@@ -96,7 +96,27 @@ def cmd_info(args: argparse.Namespace) -> int:
     for name, spec in doc["schema"].items():
         extra = f"  ({doc['elements'][name]} elements)" if name in doc["elements"] else ""
         print(f"  {name}: {spec}{extra}")
+    _print_made(doc["metadata"])
     return 0
+
+
+def _print_made(metadata: dict[str, Any]) -> None:
+    """How ``roxxel pack`` made the tokens or pixels, from the manifest metadata."""
+    tok = metadata.get("tokenizer")
+    if isinstance(tok, dict):
+        specials = ", ".join(
+            f"{k} {tok.get(k)}" for k in ("bos_id", "eos_id") if tok.get(k) is not None
+        )
+        print(
+            f"tokenizer: {tok.get('kind')} {tok.get('path')} sha256 {tok.get('sha256')} "
+            f"(vocab {tok.get('vocab_size')}, field {tok.get('text_field')!r} -> "
+            f"{tok.get('field')!r} {tok.get('dtype')}{', ' + specials if specials else ''})"
+        )
+    images = metadata.get("images")
+    if isinstance(images, dict):
+        labels = images.get("labels") or {}
+        where = f", {len(labels)} labels in {images.get('label_field')!r}" if labels else ""
+        print(f"images: {images.get('field')!r} {images.get('spec')} ({images.get('fit')}{where})")
 
 
 def _verify_shard(path: str, k: int) -> list[Corruption]:

@@ -21,10 +21,13 @@ from roxxel.cli.args import (
     parse_size,
     read_schema_toml,
 )
+from roxxel.errors import ConfigError
 from roxxel.format.schema import Schema
 from roxxel.format.writer import parse_compress
+from roxxel.ingest.images import ImageConfig, folder_labels, parse_image_size, pillow
 from roxxel.ingest.inputs import (
     BadRecords,
+    Input,
     ReadOptions,
     WorkUnit,
     cut_units,
@@ -43,6 +46,7 @@ from roxxel.ingest.pack import (
 )
 from roxxel.ingest.parts import PackSpec, finalize, lock_output, merge, prepare_output
 from roxxel.ingest.pool import START_METHODS, UnitPool
+from roxxel.ingest.tokenize import TokenizeConfig, file_sha256, load_tokenizer, token_dtype
 
 __all__ = ["add_merge_parser", "add_pack_parser"]
 
@@ -51,6 +55,8 @@ SAMPLE_RECORDS = 100
 PACK_EPILOG = """examples:
   roxxel pack corpus/*.jsonl -o data/corpus --field tokens:int32[] --workers 2
   roxxel pack images.npy -o data/images --input-field image
+  roxxel pack corpus/*.jsonl -o data/web --tokenizer tok/tokenizer.json --append-eos --workers 8
+  roxxel pack photos/ -o data/photos --image-size 64x64 --workers 8 --skip-bad
   roxxel pack docs.jsonl -o data/tok --map mytok:encode --workers 8 --compress text=zstd:3
   roxxel pack shards/ -o /shared/ds --num-tasks 4 --task-index $SLURM_ARRAY_TASK_ID
   roxxel pack shards/ -o /shared/ds --num-tasks 4 --finalize
@@ -83,6 +89,8 @@ def add_pack_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--int-dtype", default="int64", help="inferred dtype of integers (int64)")
     p.add_argument("--float-dtype", default="float64", help="inferred dtype of floats (float64)")
     p.add_argument("--map", metavar="MODULE:FUNCTION", help="per-record function; None drops")
+    _add_tokenize_flags(p)
+    _add_image_flags(p)
     p.add_argument("--workers", type=int, default=1, metavar="N", help="processes (default 1)")
     p.add_argument(
         "--start-method",
@@ -118,6 +126,34 @@ def add_pack_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_pack)
 
 
+def _add_tokenize_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("tokenize text (extra roxxel[tokenizers])")
+    g.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="tokenizer.json (HF), .model (SentencePiece) or a tiktoken ranks file",
+    )
+    g.add_argument("--text-field", default="text", metavar="NAME", help="text to tokenize (text)")
+    g.add_argument("--append-eos", action="store_true", help="end each text with EOS")
+    g.add_argument("--prepend-bos", action="store_true", help="start each text with BOS")
+    g.add_argument("--eos-id", type=int, metavar="N", help="EOS id instead of the tokenizer's")
+    g.add_argument(
+        "--keep-field", action="append", default=[], metavar="NAME", help="also keep this field"
+    )
+
+
+def _add_image_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("images (extra roxxel[images])")
+    g.add_argument(
+        "--image-size", metavar="HxW", help="decode, resize, center-crop to uint8[3,H,W]"
+    )
+    g.add_argument("--channels-last", action="store_true", help="store [H,W,3]")
+    g.add_argument("--image-pad", action="store_true", help="fit inside and pad, not crop")
+    g.add_argument(
+        "--keep-encoded", action="store_true", help="store the image bytes (checked to decode)"
+    )
+
+
 def add_merge_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "merge",
@@ -144,6 +180,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--workers {args.workers}: expected at least 1")
     if args.field and args.schema:
         raise UsageError("--field and --schema: give the schema one way")
+    if args.tokenizer is not None and (args.image_size or args.keep_encoded):
+        raise UsageError("--tokenizer and --image-size/--keep-encoded: pack text or images")
 
 
 def _schema(
@@ -153,9 +191,9 @@ def _schema(
         return parse_field_flags(args.field), "from --field"
     if args.schema:
         return read_schema_toml(args.schema), f"from {args.schema}"
-    own = input_schema(units) if args.map is None else None
+    own = input_schema(units) if args.map is None and config.tokenize is None else None
     if own is not None:
-        return own, "from the input's own types"
+        return _transformed(own, config), "from the input's own types"
     records = (r for u in units for r, _, _ in mapped_records(u, config, BadRecords(), [0]))
     samples = list(islice(records, SAMPLE_RECORDS))
     spec = infer_schema(
@@ -164,7 +202,77 @@ def _schema(
         int_dtype=args.int_dtype,
         float_dtype=args.float_dtype,
     )
-    return spec, f"inferred from the first {len(samples)} records"
+    return _transformed(spec, config), f"inferred from the first {len(samples)} records"
+
+
+def _transformed(spec: dict[str, str], config: PackConfig) -> dict[str, str]:
+    """An input's schema with the tokenized or decoded field's spec as packed."""
+    if config.tokenize is not None:
+        tokens = TokenizeConfig.from_json(config.tokenize)
+        kept = {k: spec[k] for k in tokens.keep_fields if k in spec}
+        return {tokens.out_field: f"{tokens.dtype}[]", **kept}
+    if config.images is not None:
+        images = ImageConfig.from_json(config.images)
+        return {**spec, images.field: images.spec}
+    return spec
+
+
+def _tokenize(args: argparse.Namespace) -> dict[str, object] | None:
+    """The --tokenizer settings, checked now (file, extra, special tokens), not in a worker."""
+    if args.tokenizer is None:
+        return None
+    sha256 = file_sha256(args.tokenizer)
+    tok = load_tokenizer(args.tokenizer, sha256)
+    given = parse_field_flags(args.field).get("tokens") if args.field else None
+    highest = max(tok.vocab_size - 1, args.eos_id or 0)
+    config = TokenizeConfig(
+        path=args.tokenizer,
+        sha256=sha256,
+        dtype=given.removesuffix("[]") if given else token_dtype(highest + 1),
+        text_field=args.text_field,
+        append_eos=args.append_eos,
+        prepend_bos=args.prepend_bos,
+        eos_id=args.eos_id,
+        keep_fields=tuple(args.keep_field),
+    )
+    config.specials(tok)
+    return dataclasses.asdict(config)
+
+
+def _images(args: argparse.Namespace, inputs: list[Input]) -> dict[str, object] | None:
+    """The --image-size settings with the class folders' labels, or None."""
+    found = [i.path for i in inputs if i.kind == "image"]
+    if not args.image_size and not args.keep_encoded:
+        if found:
+            raise ConfigError(
+                f"{found[0]}: an image input (expected --image-size HxW or --keep-encoded)",
+                path=found[0],
+            )
+        return None
+    height, width = parse_image_size(args.image_size) if args.image_size else (0, 0)
+    folders = [a for a in args.inputs if os.path.isdir(a)]
+    config = ImageConfig(
+        height=height,
+        width=width,
+        field=args.input_field or "image",
+        channels_last=args.channels_last,
+        pad=args.image_pad,
+        keep_encoded=args.keep_encoded or not args.image_size,
+        classes=folder_labels(folders, found),
+    )
+    pillow()  # a missing extra fails here, not in a worker
+    return dataclasses.asdict(config)
+
+
+def _metadata(config: PackConfig) -> dict[str, object]:
+    """The manifest metadata: the pack's fingerprint, and how tokens or pixels were made."""
+    doc: dict[str, object] = {"roxxel_pack": config.fingerprint}
+    if config.tokenize is not None:
+        tokens = TokenizeConfig.from_json(config.tokenize)
+        doc["tokenizer"] = tokens.metadata(load_tokenizer(tokens.path, tokens.sha256))
+    if config.images is not None:
+        doc["images"] = ImageConfig.from_json(config.images).metadata()
+    return doc
 
 
 def _fingerprint(args: argparse.Namespace, units: list[WorkUnit], config: PackConfig) -> str:
@@ -177,6 +285,8 @@ def _fingerprint(args: argparse.Namespace, units: list[WorkUnit], config: PackCo
         "map": map_fingerprint(args.map),
         "read": [config.read.field, config.read.skip_bad],
         "shuffle": config.shuffle_seed,
+        **({"tokenize": config.tokenize} if config.tokenize is not None else {}),
+        **({"images": config.images} if config.images is not None else {}),
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
@@ -198,6 +308,8 @@ def _config(args: argparse.Namespace) -> tuple[PackConfig, list[WorkUnit]]:
         compress=parse_compress_flags(args.compress),
         shard_bytes=args.shard_bytes,
         shuffle_seed=args.shuffle_input,
+        tokenize=_tokenize(args),
+        images=_images(args, inputs),
     )
     schema, source = _schema(args, units, config)
     parse_compress(config.compress, Schema.parse(schema))  # fail now, not in a worker
@@ -212,9 +324,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     config, units = _config(args)
     out = Path(args.output)
-    plan = PackSpec(
-        config.fingerprint, len(units), config.schema, {"roxxel_pack": config.fingerprint}
-    )
+    plan = PackSpec(config.fingerprint, len(units), config.schema, _metadata(config))
     # one task alone, or --finalize: the directory alone; a task of several: its share
     task = args.task_index if args.num_tasks > 1 and not args.finalize else None
     with lock_output(out, task) as lock:

@@ -26,6 +26,7 @@ from roxxel.errors import ConfigError, check_int
 from roxxel.format.manifest import ShardInfo
 from roxxel.format.schema import Ragged, Schema
 from roxxel.format.writer import ShardWriter
+from roxxel.ingest.images import ImageConfig, image_records
 from roxxel.ingest.infer import max_record_bytes, project_record
 from roxxel.ingest.inputs import (
     BadRecords,
@@ -39,6 +40,7 @@ from roxxel.ingest.inputs import (
     read_unit_blocks,
 )
 from roxxel.ingest.parts import load_unit, remove_unit_files, shard_name, write_unit_marker
+from roxxel.ingest.tokenize import TokenizeConfig, tokenize_records
 
 __all__ = [
     "PackConfig",
@@ -67,6 +69,15 @@ class PackConfig:
     compress: dict[str, str] = field(default_factory=dict)
     shard_bytes: int = 256 << 20
     shuffle_seed: int | None = None
+    tokenize: dict[str, Any] | None = None  # a TokenizeConfig as JSON
+    images: dict[str, Any] | None = None  # an ImageConfig as JSON
+
+    @property
+    def records_only(self) -> bool:
+        """Whether records pass through Python one at a time (no block reads)."""
+        return any(
+            x is not None for x in (self.map_spec, self.shuffle_seed, self.tokenize, self.images)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,10 +149,17 @@ def map_fingerprint(spec: str | None) -> str:
 def mapped_records(
     unit: WorkUnit, config: PackConfig, bad: BadRecords, dropped: list[int]
 ) -> Iterator[tuple[Record, Piece, int]]:
-    """A unit's records after ``--map`` (None drops; counted in ``dropped[0]``) and shuffle."""
+    """A unit's records after ``--map`` (None drops; counted in ``dropped[0]``), image
+    decoding, tokenizing (batched), and shuffle."""
     records = read_unit(unit, config.read, bad)
     if config.map_spec is not None:
         records = _apply_map(records, config.map_spec, dropped)
+    skip = config.read.skip_bad
+    if config.images is not None:
+        records = image_records(records, ImageConfig.from_json(config.images), bad, skip, locate)
+    if config.tokenize is not None:
+        tokens = TokenizeConfig.from_json(config.tokenize)
+        records = tokenize_records(records, tokens, bad, skip, locate)
     if config.shuffle_seed is None:
         yield from records
         return
@@ -336,8 +354,7 @@ def pack_unit(config: PackConfig, unit: WorkUnit) -> UnitResult:
     bad, dropped = BadRecords(), [0]
     writer = _UnitWriter(config, unit.index, bad)
     try:
-        records_only = config.map_spec is not None or config.shuffle_seed is not None
-        blocks = None if records_only else read_unit_blocks(unit, config.read, bad)
+        blocks = None if config.records_only else read_unit_blocks(unit, config.read, bad)
         if blocks is not None:
             for block in blocks:
                 writer.write_block(block)

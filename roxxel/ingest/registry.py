@@ -12,6 +12,7 @@ import os
 
 from roxxel.errors import ConfigError
 from roxxel.ingest.arrow import ARROW, HF, PARQUET
+from roxxel.ingest.images import IMAGE
 from roxxel.ingest.megatron import MEGATRON
 from roxxel.ingest.npy import NPY, NPZ
 from roxxel.ingest.text import JSONL, TEXT, TEXT_FILE
@@ -38,6 +39,7 @@ KINDS: dict[str, InputKind] = {
         ARROW,
         HF,
         MEGATRON,
+        IMAGE,
     )
 }
 

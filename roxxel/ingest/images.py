@@ -1,0 +1,265 @@
+"""Images at pack time: ``roxxel pack photos/ --image-size 64x64``.
+
+Inputs: image files (an ImageFolder-style tree: ``root/<class>/.../file.jpg``, labels from
+the class folder names sorted), or a column of image bytes in Parquet / Arrow / an HF
+``save_to_disk`` dataset (an HF ``Image`` column is a ``{bytes, path}`` struct). Pack
+workers decode with Pillow (imported only then: the extra ``roxxel[images]``), convert to
+RGB, resize so the image covers the target and center-crop it (or, with ``pad``, fit it
+inside and pad with black), and store ``uint8[3,H,W]`` (``[H,W,3]`` with
+``channels_last``); ``keep_encoded`` stores the file's bytes after checking they decode. An
+image that does not decode is named (file, or file and row) and skipped with --skip-bad.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from roxxel.errors import ConfigError
+from roxxel.ingest.units import BadRecords, InputKind, Piece, ReadOptions, Record
+
+__all__ = [
+    "IMAGE",
+    "IMAGE_EXTENSIONS",
+    "ImageConfig",
+    "decode_image",
+    "folder_labels",
+    "image_records",
+    "parse_image_size",
+    "pillow",
+    "read_image_file",
+]
+
+EXTRA = "pip install 'roxxel[images]'"
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+MAX_SIDE = 1 << 14
+Located = tuple[Record, Piece, int]
+
+
+def pillow() -> ModuleType:
+    """``PIL.Image``; raises ConfigError naming the extra when Pillow is missing."""
+    try:
+        import PIL.Image  # optional extra: only image packs need it
+    except ImportError:
+        raise ConfigError(
+            f"--image-size: Pillow is not installed (expected the extra: {EXTRA})"
+        ) from None
+    return PIL.Image
+
+
+def parse_image_size(text: str) -> tuple[int, int]:
+    """``"HxW"`` (or one number for a square) as (height, width).
+
+    >>> parse_image_size("64x48"), parse_image_size("32")
+    ((64, 48), (32, 32))
+    """
+    match = re.fullmatch(r"\s*(\d+)\s*(?:[xX]\s*(\d+)\s*)?", text)
+    sides = (int(match[1]), int(match[2] or match[1])) if match else None
+    if sides is None or not all(0 < s <= MAX_SIDE for s in sides):
+        raise ConfigError(
+            f"--image-size {text!r}: not a size (expected HEIGHTxWIDTH like 64x64, sides in "
+            f"[1, {MAX_SIDE}])"
+        )
+    return sides
+
+
+def folder_labels(directories: list[str], files: list[str]) -> dict[str, int]:
+    """``{class folder: label}`` for image files under ImageFolder-style directories.
+
+    A file's class is the first folder below the directory argument that holds it; labels
+    number the class names sorted (the same name under two arguments is one class). Files
+    directly in an argument, or named alone, have no class: then no file may have one.
+    Raises ConfigError for such a mix.
+    """
+    roots = [os.path.normpath(d) for d in directories]
+    classes: dict[str, str] = {}
+    unlabelled: list[str] = []
+    for path in files:
+        norm = os.path.normpath(path)
+        root = next((r for r in roots if norm.startswith(r + os.sep)), None)
+        parts = os.path.relpath(norm, root).split(os.sep) if root is not None else []
+        if len(parts) < 2 or root is None:
+            unlabelled.append(path)
+        else:
+            classes[os.path.join(root, parts[0])] = parts[0]
+    if classes and unlabelled:
+        raise ConfigError(
+            f"{unlabelled[0]}: an image outside any class folder (expected every image in "
+            f"root/<class>/, like {next(iter(classes))}/)",
+            path=unlabelled[0],
+        )
+    names = sorted(set(classes.values()))
+    return {folder: names.index(name) for folder, name in sorted(classes.items())}
+
+
+@dataclass(frozen=True, slots=True)
+class ImageConfig:
+    """How a pack turns images into arrays: plain values (they travel to workers as JSON).
+
+    Attributes:
+        height, width: the stored size.
+        field: the image field (input and output).
+        channels_last: store ``[H,W,3]`` instead of ``[3,H,W]``.
+        pad: fit inside the size and pad with black instead of covering it and cropping.
+        keep_encoded: store the encoded bytes (checked to decode) instead of pixels.
+        classes: ``{class folder: label}`` for image files; the label goes to ``label_field``.
+    """
+
+    height: int
+    width: int
+    field: str = "image"
+    channels_last: bool = False
+    pad: bool = False
+    keep_encoded: bool = False
+    classes: dict[str, int] = dataclasses.field(default_factory=dict)
+    label_field: str = "label"
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> ImageConfig:
+        return cls(**doc)
+
+    @property
+    def spec(self) -> str:
+        """The image field's schema spec."""
+        if self.keep_encoded:
+            return "bytes"
+        shape = (self.height, self.width, 3) if self.channels_last else (3, self.height, self.width)
+        return f"uint8[{','.join(map(str, shape))}]"
+
+    def metadata(self) -> dict[str, Any]:
+        """What the manifest records about how the images were made."""
+        names = {os.path.basename(f): label for f, label in self.classes.items()}
+        return {
+            "field": self.field,
+            "spec": self.spec,
+            "size": [self.height, self.width],
+            "fit": "pad" if self.pad else "crop",
+            "channels_last": self.channels_last,
+            "keep_encoded": self.keep_encoded,
+            "labels": dict(sorted(names.items(), key=lambda kv: kv[1])),
+            "label_field": self.label_field if self.classes else None,
+        }
+
+
+def decode_image(data: bytes, config: ImageConfig) -> np.ndarray:
+    """Pixels of an encoded image, RGB, resized and center-cropped (or padded) to the size.
+
+    Raises OSError / ValueError (Pillow's) when the bytes do not decode.
+    """
+    image_mod = pillow()
+    with image_mod.open(io.BytesIO(data)) as img:
+        img.load()
+        rgb = img.convert("RGB")
+    h, w = config.height, config.width
+    scale = (min if config.pad else max)(w / rgb.width, h / rgb.height)
+    size = (max(1, round(rgb.width * scale)), max(1, round(rgb.height * scale)))
+    resized = rgb.resize(size, image_mod.Resampling.BILINEAR)
+    if config.pad:
+        canvas = image_mod.new("RGB", (w, h))
+        canvas.paste(resized, ((w - size[0]) // 2, (h - size[1]) // 2))
+        resized = canvas
+    else:
+        left, top = (size[0] - w) // 2, (size[1] - h) // 2
+        resized = resized.crop((left, top, left + w, top + h))
+    pixels = np.asarray(resized, dtype=np.uint8)
+    return pixels if config.channels_last else np.ascontiguousarray(pixels.transpose(2, 0, 1))
+
+
+def _check_decodes(data: bytes) -> None:
+    with pillow().open(io.BytesIO(data)) as img:
+        img.load()
+
+
+def _image_bytes(value: Any) -> bytes | None:
+    """An image value's encoded bytes: bytes, or an HF ``Image`` struct (bytes, else path)."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, dict):
+        if isinstance(value.get("bytes"), bytes):
+            return value["bytes"]
+        if isinstance(value.get("path"), str):
+            with open(value["path"], "rb") as f:
+                return f.read()
+    return None
+
+
+def image_records(
+    records: Iterator[Located],
+    config: ImageConfig,
+    bad: BadRecords,
+    skip_bad: bool,
+    locate: Callable[[Piece, int], str],
+) -> Iterator[Located]:
+    """Records with their image field decoded to pixels (or checked, kept encoded), and the
+    class label of an image file added. An image that does not decode raises ConfigError
+    naming its file (and row); with ``skip_bad`` it is counted in ``bad`` instead."""
+    for record, piece, key in records:
+        data = _image_bytes(record.get(config.field))
+        try:
+            if data is None:
+                found = (
+                    "missing" if config.field not in record else type(record[config.field]).__name__
+                )
+                raise ValueError(f"{found}, expected image bytes")
+            if config.keep_encoded:
+                _check_decodes(data)
+                value: Any = data
+            else:
+                value = decode_image(data, config)
+        except (OSError, ValueError, SyntaxError) as e:  # PIL raises all three on bad data
+            message = f"{locate(piece, key)}: field {config.field!r}: not a decodable image ({e})"
+            if not skip_bad:
+                raise ConfigError(message, path=piece.path) from None
+            bad.add(message)
+            continue
+        out = {**record, config.field: value}
+        if config.classes:
+            out[config.label_field] = _label(piece.path, config.classes)
+        yield out, piece, key
+
+
+def _label(path: str, classes: dict[str, int]) -> int:
+    folder = os.path.dirname(os.path.normpath(path))
+    while folder not in classes:
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            raise ConfigError(f"{path}: in no class folder (expected one of {list(classes)})")
+        folder = parent
+    return classes[folder]
+
+
+def read_image_file(
+    piece: Piece, opts: ReadOptions, bad: BadRecords
+) -> Iterator[tuple[Record, int]]:
+    """One record ``{field: encoded bytes}`` per image file (decoded later, by the pack)."""
+    del bad
+    with open(piece.path, "rb") as f:
+        data = f.read(piece.num_bytes + 1)
+    if len(data) != piece.num_bytes:
+        raise ConfigError(
+            f"{piece.path}: {len(data)} bytes read (expected {piece.num_bytes}: the input "
+            f"changed since planning)",
+            path=piece.path,
+        )
+    yield {opts.field_for("image"): data}, 0
+
+
+def _image_pieces(path: str, unit_bytes: int) -> list[Piece]:
+    del unit_bytes  # an image is never split
+    return [Piece(path, "image", 0, 1, os.path.getsize(path))]
+
+
+def _locate_file(piece: Piece, key: int) -> str:
+    del key
+    return piece.path
+
+
+IMAGE = InputKind("image", IMAGE_EXTENSIONS, _image_pieces, read_image_file, locate=_locate_file)

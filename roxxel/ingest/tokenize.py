@@ -1,0 +1,344 @@
+"""Text through a real tokenizer at pack time: ``roxxel pack --tokenizer PATH``.
+
+The tokenizer is chosen by its file: an HF ``tokenizer.json`` (``tokenizers``), a
+SentencePiece ``.model`` (``sentencepiece``), or else a tiktoken BPE ranks file (``tiktoken``,
+loaded from the local file with the GPT-2 split pattern; nothing is downloaded). All three
+are the optional extra ``roxxel[tokenizers]``, imported only when a tokenizer is loaded.
+
+Each pack worker loads the tokenizer once, checks its file still has the hash planned, and
+encodes a work unit's texts in batches (``encode_batch``), so the tokenizer runs in every
+worker at once. A record ``{text_field: str, ...}`` becomes ``{field: ids, kept...}`` with
+the ids as an array of the token dtype: the smallest unsigned type that holds the
+vocabulary (`token_dtype`) unless the schema says otherwise. Special tokens are never added
+by the tokenizer itself; ``append_eos`` / ``prepend_bos`` add the tokenizer's own.
+"""
+
+from __future__ import annotations
+
+import binascii
+import hashlib
+import importlib
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from roxxel.errors import ConfigError, check_int, load_json
+from roxxel.ingest.units import BadRecords, Piece, Record
+
+__all__ = [
+    "BATCH_TEXTS",
+    "TIKTOKEN_PATTERN",
+    "TokenizeConfig",
+    "Tokenizer",
+    "file_sha256",
+    "load_tokenizer",
+    "token_dtype",
+    "tokenize_records",
+    "tokenizer_kind",
+]
+
+BATCH_TEXTS = 512  # texts per encode_batch call
+EXTRA = "pip install 'roxxel[tokenizers]'"
+# GPT-2's pre-tokenizer split, the one tiktoken's own r50k/p50k encodings use
+TIKTOKEN_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+_EOS_NAMES = ("</s>", "<|endoftext|>", "<eos>", "<|eos|>", "[SEP]", "<|end_of_text|>")
+_BOS_NAMES = ("<s>", "<|startoftext|>", "<bos>", "<|bos|>", "[CLS]", "<|begin_of_text|>")
+TokenizerKind = Literal["hf", "sentencepiece", "tiktoken"]
+Where = tuple[Piece, int]
+
+
+def tokenizer_kind(path: str) -> TokenizerKind:
+    """Which library reads a tokenizer file, from its name.
+
+    >>> tokenizer_kind("tok/tokenizer.json"), tokenizer_kind("sp.model"), tokenizer_kind("r.tiktoken")
+    ('hf', 'sentencepiece', 'tiktoken')
+    """
+    ext = os.path.splitext(path)[1].lower()
+    return "hf" if ext == ".json" else "sentencepiece" if ext == ".model" else "tiktoken"
+
+
+def file_sha256(path: str) -> str:
+    """The sha256 of a file (hex): a tokenizer's fingerprint. Raises ConfigError if missing."""
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError as e:
+        raise ConfigError(
+            f"--tokenizer {path}: cannot read ({e.strerror}, expected a tokenizer.json, a "
+            f"SentencePiece .model or a tiktoken ranks file)",
+            path=path,
+        ) from None
+
+
+def token_dtype(vocab_size: int) -> str:
+    """The smallest dtype holding ids [0, vocab_size).
+
+    >>> token_dtype(50_257), token_dtype(65_536), token_dtype(200_019)
+    ('uint16', 'uint32', 'uint32')
+    """
+    return "uint16" if vocab_size <= 1 << 16 else "uint32"
+
+
+@dataclass(frozen=True, slots=True)
+class Tokenizer:
+    """A loaded tokenizer: batch encoding and its own special tokens (None: it has none)."""
+
+    kind: TokenizerKind
+    vocab_size: int
+    encode_batch: Callable[[list[str]], list[list[int]]]
+    eos_id: int | None
+    bos_id: int | None
+
+
+def _import(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise ConfigError(
+            f"--tokenizer: the {name.partition('.')[0]!r} package is not installed (expected the extra: {EXTRA})"
+        ) from None
+
+
+def _special(ids: dict[str, int], names: tuple[str, ...], configured: Any) -> int | None:
+    if isinstance(configured, dict):  # tokenizer_config.json: {"content": "</s>", ...}
+        configured = configured.get("content")
+    if isinstance(configured, str) and configured in ids:
+        return ids[configured]
+    return next((ids[n] for n in names if n in ids), None)
+
+
+def _load_hf(path: str) -> Tokenizer:
+    tokenizers = _import("tokenizers")
+    try:
+        tok = tokenizers.Tokenizer.from_file(path)
+    except Exception as e:  # the Rust side raises plain Exception for a bad file
+        raise ConfigError(
+            f"--tokenizer {path}: not an HF tokenizer.json ({e})", path=path
+        ) from None
+    extra: dict[str, Any] = {}
+    beside = os.path.join(os.path.dirname(path), "tokenizer_config.json")
+    if os.path.isfile(beside):
+        with open(beside, "rb") as f:
+            loaded = load_json(f.read(), beside, ConfigError)
+        extra = loaded if isinstance(loaded, dict) else {}
+    ids = tok.get_vocab(with_added_tokens=True)
+
+    def encode(texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+
+    return Tokenizer(
+        "hf",
+        tok.get_vocab_size(with_added_tokens=True),
+        encode,
+        _special(ids, _EOS_NAMES, extra.get("eos_token")),
+        _special(ids, _BOS_NAMES, extra.get("bos_token")),
+    )
+
+
+def _load_sentencepiece(path: str) -> Tokenizer:
+    spm = _import("sentencepiece")
+    sp = spm.SentencePieceProcessor()
+    try:
+        sp.Load(path)
+    except (OSError, RuntimeError) as e:
+        raise ConfigError(
+            f"--tokenizer {path}: not a SentencePiece model ({e})", path=path
+        ) from None
+
+    def encode(texts: list[str]) -> list[list[int]]:
+        return sp.encode(texts, out_type=int)
+
+    eos, bos = int(sp.eos_id()), int(sp.bos_id())
+    return Tokenizer(
+        "sentencepiece",
+        int(sp.get_piece_size()),
+        encode,
+        eos if eos >= 0 else None,
+        bos if bos >= 0 else None,
+    )
+
+
+def _load_tiktoken(path: str) -> Tokenizer:
+    tiktoken = _import("tiktoken")
+    try:
+        ranks = _import("tiktoken.load").load_tiktoken_bpe(path)
+        enc = tiktoken.Encoding(
+            f"roxxel:{os.path.basename(path)}",
+            pat_str=TIKTOKEN_PATTERN,
+            mergeable_ranks=ranks,
+            special_tokens={},
+        )
+    except (ValueError, OSError, binascii.Error) as e:
+        raise ConfigError(
+            f"--tokenizer {path}: not a tiktoken ranks file ({e}, expected lines "
+            f"'<base64 token> <rank>', or a .json / .model tokenizer)",
+            path=path,
+        ) from None
+
+    def encode(texts: list[str]) -> list[list[int]]:
+        return enc.encode_ordinary_batch(texts, num_threads=1)
+
+    return Tokenizer("tiktoken", int(enc.n_vocab), encode, None, None)
+
+
+_LOADERS: dict[TokenizerKind, Callable[[str], Tokenizer]] = {
+    "hf": _load_hf,
+    "sentencepiece": _load_sentencepiece,
+    "tiktoken": _load_tiktoken,
+}
+_LOADED: dict[tuple[str, str], Tokenizer] = {}
+
+
+def load_tokenizer(path: str, sha256: str | None = None) -> Tokenizer:
+    """The tokenizer in ``path`` (cached per process by path and hash).
+
+    Raises ConfigError for a missing or unreadable file, a missing extra, or (with
+    ``sha256``) a file whose hash is not the one planned.
+    """
+    found = file_sha256(path)
+    if sha256 is not None and found != sha256:
+        raise ConfigError(
+            f"--tokenizer {path}: sha256 {found[:16]}... (expected {sha256[:16]}...: the file "
+            f"changed since planning)",
+            path=path,
+        )
+    key = (path, found)
+    if key not in _LOADED:
+        _LOADED[key] = _LOADERS[tokenizer_kind(path)](path)
+    return _LOADED[key]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizeConfig:
+    """How a pack tokenizes: plain values (they travel to workers as JSON).
+
+    Attributes:
+        path: the tokenizer file; ``sha256`` its hash when planned.
+        text_field: the input field holding the text.
+        out_field: the output field of token ids; ``dtype`` their dtype.
+        append_eos / prepend_bos: add the tokenizer's own EOS / BOS ids;
+        eos_id: the EOS id to use instead of the tokenizer's own.
+        keep_fields: input fields copied to the output unchanged.
+    """
+
+    path: str
+    sha256: str
+    dtype: str
+    text_field: str = "text"
+    out_field: str = "tokens"
+    append_eos: bool = False
+    prepend_bos: bool = False
+    eos_id: int | None = None
+    keep_fields: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.eos_id is not None:
+            check_int("--eos-id", self.eos_id, low=0)
+        if self.out_field in self.keep_fields:
+            raise ConfigError(
+                f"--keep-field {self.out_field}: the token field's name (expected another field)"
+            )
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> TokenizeConfig:
+        return cls(**{**doc, "keep_fields": tuple(doc["keep_fields"])})
+
+    def specials(self, tok: Tokenizer) -> tuple[list[int], list[int]]:
+        """(ids before, ids after) every text; raises ConfigError when one is missing."""
+        eos = self.eos_id if self.eos_id is not None else tok.eos_id
+        if self.append_eos and eos is None:
+            raise ConfigError(
+                f"--append-eos: {self.path} has no EOS token (expected one, or pass --eos-id N)"
+            )
+        if self.prepend_bos and tok.bos_id is None:
+            raise ConfigError(f"--prepend-bos: {self.path} has no BOS token (expected one)")
+        before = [tok.bos_id] if self.prepend_bos and tok.bos_id is not None else []
+        return before, [eos] if self.append_eos and eos is not None else []
+
+    def metadata(self, tok: Tokenizer) -> dict[str, Any]:
+        """What the manifest records about how the tokens were made."""
+        before, after = self.specials(tok)
+        return {
+            "path": self.path,
+            "kind": tok.kind,
+            "sha256": self.sha256,
+            "vocab_size": tok.vocab_size,
+            "text_field": self.text_field,
+            "field": self.out_field,
+            "dtype": self.dtype,
+            "bos_id": before[0] if before else None,
+            "eos_id": after[0] if after else None,
+            "keep_fields": list(self.keep_fields),
+        }
+
+
+Located = tuple[Record, Piece, int]
+
+
+def tokenize_records(
+    records: Iterator[Located],
+    config: TokenizeConfig,
+    bad: BadRecords,
+    skip_bad: bool,
+    locate: Callable[[Piece, int], str],
+) -> Iterator[Located]:
+    """Records with their text replaced by token ids, encoded ``BATCH_TEXTS`` at a time.
+
+    A record whose text field is missing or not a string raises ConfigError naming its
+    file and line or row (skipped and counted in ``bad`` with ``skip_bad``); so does one
+    lacking a kept field or holding an id the dtype cannot.
+    """
+    tok = load_tokenizer(config.path, config.sha256)
+    before, after = config.specials(tok)
+    batch: list[Located] = []
+    for located in records:
+        why = _refusal(located[0], config)
+        if why is not None:
+            message = f"{locate(located[1], located[2])}: {why}"
+            if not skip_bad:
+                raise ConfigError(message)
+            bad.add(message)
+            continue
+        batch.append(located)
+        if len(batch) >= BATCH_TEXTS:
+            yield from _encoded(batch, tok, config, (before, after), locate)
+            batch = []
+    yield from _encoded(batch, tok, config, (before, after), locate)
+
+
+def _refusal(record: Record, config: TokenizeConfig) -> str | None:
+    text = record.get(config.text_field)
+    if not isinstance(text, str):
+        found = "missing" if config.text_field not in record else type(text).__name__
+        return f"field {config.text_field!r}: {found} (expected a string to tokenize)"
+    missing = [k for k in config.keep_fields if k not in record]
+    return f"--keep-field {missing}: missing (expected in every record)" if missing else None
+
+
+def _encoded(
+    batch: list[Located],
+    tok: Tokenizer,
+    config: TokenizeConfig,
+    specials: tuple[list[int], list[int]],
+    locate: Callable[[Piece, int], str],
+) -> Iterator[Located]:
+    if not batch:
+        return
+    ids = tok.encode_batch([r[config.text_field] for r, _, _ in batch])
+    dtype = np.dtype(config.dtype)
+    high = np.iinfo(dtype).max if dtype.kind in "iu" else None
+    before, after = specials
+    for (record, piece, key), row in zip(batch, ids, strict=True):
+        tokens = np.array(before + row + after if before or after else row, dtype=np.int64)
+        if high is not None and tokens.size and int(tokens.max()) > high:
+            raise ConfigError(
+                f"{locate(piece, key)}: token id {int(tokens.max())} (expected <= {high}, the "
+                f"largest {config.dtype}: pick a wider dtype with --field "
+                f"{config.out_field}:uint32[])"
+            )
+        out = {config.out_field: tokens.astype(dtype)}
+        out.update((k, record[k]) for k in config.keep_fields)
+        yield out, piece, key

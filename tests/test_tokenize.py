@@ -1,0 +1,254 @@
+"""``roxxel pack --tokenizer`` (issue 14): every packed record is the tokenizer's own encode.
+
+The tokenizers are built here, offline: a byte-level BPE trained with ``tokenizers``, a
+SentencePiece model trained on a tiny text, and a tiktoken ranks file written from the BPE's
+vocabulary (tiktoken loads it from the file; nothing is downloaded).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import roxxel
+from roxxel.cli import main
+from roxxel.errors import ConfigError
+from roxxel.ingest.tokenize import TIKTOKEN_PATTERN, load_tokenizer
+
+tokenizers = pytest.importorskip("tokenizers")
+spm = pytest.importorskip("sentencepiece")
+tiktoken = pytest.importorskip("tiktoken")
+from tiktoken.load import load_tiktoken_bpe  # noqa: E402
+
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "seven",
+    "wizards",
+    "quietly",
+    "hex",
+    "jam",
+]
+
+
+def _texts(num: int) -> list[str]:
+    rng = np.random.default_rng(0)
+    return [
+        " ".join(WORDS[j] for j in rng.integers(0, len(WORDS), int(rng.integers(1, 30))))
+        + f" {i}. Ünïcödé ✓"
+        for i in range(num)
+    ]
+
+
+def _bytes_of_unicode() -> dict[str, int]:
+    """The inverse of the byte-level BPE's byte -> printable character table (GPT-2's)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars, n = list(keep), 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(keep, chars, strict=True)}
+
+
+@pytest.fixture(scope="module")
+def toks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("toks")
+    texts = _texts(400)
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=500,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(texts, trainer)
+    bpe.save(str(folder / "tokenizer.json"))
+    table = _bytes_of_unicode()
+    with open(folder / "ranks.tiktoken", "w") as f:
+        for token, rank in sorted(bpe.get_vocab().items(), key=lambda kv: kv[1]):
+            if token != "<|endoftext|>":
+                data = bytes(table[c] for c in token)
+                f.write(f"{base64.b64encode(data).decode()} {rank}\n")
+    (folder / "sp.txt").write_text("\n".join(texts))
+    spm.SentencePieceTrainer.train(
+        input=str(folder / "sp.txt"),
+        model_prefix=str(folder / "sp"),
+        vocab_size=120,
+        model_type="bpe",
+        minloglevel=2,
+    )
+    return {
+        "hf": folder / "tokenizer.json",
+        "sp": folder / "sp.model",
+        "tiktoken": folder / "ranks.tiktoken",
+    }
+
+
+def _jsonl(path: Path, texts: list[str]) -> Path:
+    with open(path, "w") as f:
+        for i, text in enumerate(texts):
+            f.write(json.dumps({"text": text, "url": f"https://x/{i}", "n": i}) + "\n")
+    return path
+
+
+def _pack(*argv: object) -> int:
+    return main(["pack", *map(str, argv), "-q"])
+
+
+def _tiktoken_encoding(path: Path) -> Any:
+    return tiktoken.Encoding(
+        "test",
+        pat_str=TIKTOKEN_PATTERN,
+        mergeable_ranks=load_tiktoken_bpe(str(path)),
+        special_tokens={},
+    )
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_issue14_hf_tokenizer_records_equal_its_encode_plus_eos(toks, tmp_path, workers):
+    texts = _texts(300)
+    src = _jsonl(tmp_path / "c.jsonl", texts)
+    out = tmp_path / "ds"
+    argv = [src, "-o", out, "--tokenizer", toks["hf"], "--append-eos", "--keep-field", "url"]
+    assert _pack(*argv, "--workers", workers, "--unit-bytes", "4K") == 0
+    tok = tokenizers.Tokenizer.from_file(str(toks["hf"]))
+    eos = tok.token_to_id("<|endoftext|>")
+    ds = roxxel.open_dataset(out)
+    assert ds.schema.to_json() == {"tokens": "uint16[]", "url": "str"}
+    assert ds.num_shards > 1
+    assert len(ds) == len(texts)
+    for i, text in enumerate(texts):
+        record = ds[i]
+        assert record["tokens"].tolist() == [*tok.encode(text, add_special_tokens=False).ids, eos]
+        assert record["url"] == f"https://x/{i}"
+    meta = ds.metadata["tokenizer"]
+    digest = hashlib.sha256(toks["hf"].read_bytes()).hexdigest()
+    assert (meta["kind"], meta["sha256"], meta["eos_id"], meta["dtype"]) == (
+        "hf",
+        digest,
+        eos,
+        "uint16",
+    )
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_issue14_sentencepiece_records_equal_its_encode_with_bos_and_eos(toks, tmp_path, workers):
+    texts = _texts(120)
+    src = tmp_path / "c.txt"
+    src.write_text("\n".join(texts) + "\n")
+    out = tmp_path / "ds"
+    argv = [src, "-o", out, "--tokenizer", toks["sp"], "--prepend-bos", "--append-eos"]
+    assert _pack(*argv, "--workers", workers, "--unit-bytes", "2K") == 0
+    sp = spm.SentencePieceProcessor(model_file=str(toks["sp"]))
+    ds = roxxel.open_dataset(out)
+    for i, text in enumerate(texts):
+        want = [sp.bos_id(), *sp.encode(text), sp.eos_id()]
+        assert ds[i]["tokens"].tolist() == want
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_issue14_tiktoken_ranks_file_records_equal_its_encode_with_eos_id(toks, tmp_path, workers):
+    texts = _texts(150)
+    src = pq.write_table(pa.table({"body": texts}), tmp_path / "c.parquet", row_group_size=40)
+    del src
+    out = tmp_path / "ds"
+    argv = [tmp_path / "c.parquet", "-o", out, "--tokenizer", toks["tiktoken"], "--text-field"]
+    assert _pack(*argv, "body", "--append-eos", "--eos-id", 0, "--workers", workers) == 0
+    enc = _tiktoken_encoding(toks["tiktoken"])
+    ds = roxxel.open_dataset(out)
+    assert [ds[i]["tokens"].tolist() for i in range(len(texts))] == [
+        [*enc.encode(t), 0] for t in texts
+    ]
+
+
+def test_issue14_text_files_one_document_each_and_field_dtype_override(toks, tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    texts = _texts(5)
+    for i, text in enumerate(texts):
+        (docs / f"{i}.md").write_text(text + "\nsecond line\n")
+    out = tmp_path / "ds"
+    argv = [docs, "-o", out, "--format", "text-file", "--tokenizer", toks["hf"]]
+    assert _pack(*argv, "--field", "tokens:int32[]") == 0
+    tok = tokenizers.Tokenizer.from_file(str(toks["hf"]))
+    ds = roxxel.open_dataset(out)
+    assert ds.schema.to_json() == {"tokens": "int32[]"}
+    for i, text in enumerate(texts):
+        want = tok.encode(text + "\nsecond line\n", add_special_tokens=False).ids
+        assert ds[i]["tokens"].tolist() == want
+
+
+def test_issue14_info_prints_the_tokenizer_and_its_fingerprint(toks, tmp_path, capsys):
+    src = _jsonl(tmp_path / "c.jsonl", _texts(20))
+    assert _pack(src, "-o", tmp_path / "ds", "--tokenizer", toks["hf"], "--append-eos") == 0
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "ds")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("tokenizer:"))
+    assert str(toks["hf"]) in line
+    assert hashlib.sha256(toks["hf"].read_bytes()).hexdigest() in line
+
+
+def test_issue14_changed_tokenizer_file_changes_the_pack_fingerprint(toks, tmp_path):
+    src = _jsonl(tmp_path / "c.jsonl", _texts(20))
+    tok = tmp_path / "tokenizer.json"
+    shutil.copy(toks["hf"], tok)
+    assert _pack(src, "-o", tmp_path / "a", "--tokenizer", tok) == 0
+    tok.write_text(tok.read_text().replace('"quick"', '"quick" '))  # another file, same tokens
+    assert _pack(src, "-o", tmp_path / "b", "--tokenizer", tok) == 0
+    first, second = (roxxel.open_dataset(tmp_path / d).metadata for d in "ab")
+    assert first["tokenizer"]["sha256"] != second["tokenizer"]["sha256"]
+    assert first["roxxel_pack"] != second["roxxel_pack"]
+
+
+def test_issue14_missing_tokenizer_file_is_one_line_naming_it(tmp_path, capsys):
+    src = _jsonl(tmp_path / "c.jsonl", _texts(3))
+    assert _pack(src, "-o", tmp_path / "ds", "--tokenizer", tmp_path / "nope.json") == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "nope.json" in err
+
+
+def test_issue14_text_field_not_a_string_names_file_and_line(toks, tmp_path, capsys):
+    src = tmp_path / "c.jsonl"
+    src.write_text('{"text": "fine"}\n{"text": 7}\n{"text": "also fine"}\n')
+    assert _pack(src, "-o", tmp_path / "ds", "--tokenizer", toks["hf"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"{src}:2" in err and "int" in err and "expected a string" in err
+    assert _pack(src, "-o", tmp_path / "ds", "--tokenizer", toks["hf"], "--skip-bad") == 0
+    assert len(roxxel.open_dataset(tmp_path / "ds")) == 2
+
+
+def test_issue14_append_eos_without_an_eos_token_asks_for_eos_id(toks, tmp_path, capsys):
+    src = _jsonl(tmp_path / "c.jsonl", _texts(3))
+    assert _pack(src, "-o", tmp_path / "ds", "--tokenizer", toks["tiktoken"], "--append-eos") == 1
+    assert "--eos-id" in capsys.readouterr().err
+
+
+def test_issue14_missing_extra_says_which_to_install(toks, tmp_path, monkeypatch):
+    tok = tmp_path / "tokenizer.json"
+    shutil.copy(toks["hf"], tok)
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    with pytest.raises(ConfigError, match=r"roxxel\[tokenizers\]"):
+        load_tokenizer(str(tok))

@@ -46,7 +46,7 @@ ALLOWED: dict[str, set[str]] = {
     },
 }
 # Inside format: the read side never imports the write side.
-FORMAT_WRITE_SIDE = {"writer", "dataset_writer", "atomic"}
+FORMAT_WRITE_SIDE = {"writer", "dataset_writer", "atomic", "upload"}
 # Third-party frameworks and the only packages that may import them.
 HEAVY: dict[str, set[str]] = {"jax": {"loader", "train"}, "orbax": {"train"}, "flax": set()}
 

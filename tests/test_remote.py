@@ -434,3 +434,59 @@ def test_pull_from_the_s3_server_with_storage_options(s3, tmp_path, capsys):
     captured = capsys.readouterr()
     assert f"{NUM_RECORDS} records" in captured.out and "shards," in captured.err
     assert _labels(roxxel.open_dataset(tmp_path)) == list(range(NUM_RECORDS))
+
+
+# --- publishing at a URL: shards first, manifest last ---------------------------------------
+
+_KILLED_UPLOADER = """
+import json, sys, threading
+from roxxel.format import upload
+from roxxel.format.remote import RemoteStore
+
+put = upload._put
+def stalled(store, local, name, num_bytes):
+    put(store, local, name, num_bytes)
+    print("uploaded", flush=True)  # one shard is on the server: hang until killed
+    threading.Event().wait()
+upload._put = stalled
+upload.upload_dataset(sys.argv[1], sys.argv[2], storage_options=json.loads(sys.argv[3]), workers=1)
+"""
+
+
+def test_push_publishes_the_manifest_last_and_a_killed_upload_never_opens(s3, local, tmp_path):
+    from roxxel.cli import main
+
+    url = "s3://roxxel-data/pushed"
+    env = {**os.environ, **CREDENTIALS}
+    child = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_UPLOADER, str(local), url, json.dumps(s3.options)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert child.stdout is not None and child.stdout.readline() == "uploaded\n"
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    assert s3.fs.ls("roxxel-data/pushed")  # a shard is there, the manifest is not
+    with pytest.raises(FormatError) as caught:
+        _open(url, tmp_path / "cache", s3.options)
+    assert caught.value.rule == "M1" and caught.value.path == f"{url}/manifest.json"
+    options = json.dumps(s3.options)
+    assert main(["push", str(local), url, "--storage-options", options, "--quiet"]) == 0
+    dataset = _open(url, tmp_path / "cache", s3.options)
+    assert _labels(dataset) == list(range(NUM_RECORDS))
+    assert dataset.fingerprint == roxxel.open_dataset(local).fingerprint
+
+
+def test_push_refuses_a_broken_local_dataset_before_uploading(local, tmp_path):
+    from roxxel.format.upload import upload_dataset
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in os.listdir(local):
+        (broken / name).write_bytes((local / name).read_bytes())
+    _truncate(broken / roxxel.open_dataset(local).manifest.shards[0].path)
+    with pytest.raises(FormatError) as caught:
+        upload_dataset(broken, f"file://{tmp_path}/remote")
+    assert caught.value.rule == "M8"
+    assert not (tmp_path / "remote").exists()

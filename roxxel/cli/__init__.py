@@ -17,6 +17,7 @@ from roxxel.cli.pack import add_merge_parser, add_pack_parser
 from roxxel.cli.peek import add_peek_parser
 from roxxel.cli.plan import add_plan_parser
 from roxxel.cli.pull import add_pull_parser
+from roxxel.cli.push import add_push_parser
 from roxxel.errors import RoxxelError
 from roxxel.version import __version__
 
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_parser(sub)
     add_peek_parser(sub)
     add_pull_parser(sub)
+    add_push_parser(sub)
     return parser
 
 

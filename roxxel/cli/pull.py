@@ -23,7 +23,7 @@ from roxxel.format.dataset import open_dataset
 from roxxel.format.manifest import MANIFEST_NAME, Manifest
 from roxxel.format.remote import is_url
 
-__all__ = ["add_pull_parser"]
+__all__ = ["add_pull_parser", "storage_options"]
 
 EPILOG = """example:
   roxxel pull s3://bucket/corpus /local/nvme/corpus --workers 8
@@ -53,7 +53,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
         raise ConfigError(f"URL: {args.url!r} is not a URL (expected e.g. s3://bucket/ds)")
     if args.workers < 1:
         raise ConfigError(f"--workers: {args.workers} (expected >= 1)")
-    options = _storage_options(args.storage_options)
+    options = storage_options(args.storage_options)
     folder = Path(args.dir)
     folder.mkdir(parents=True, exist_ok=True)
     config = CacheConfig(args.url, folder, options, max_fetches=args.workers)
@@ -71,7 +71,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
-def _storage_options(text: str | None) -> dict[str, Any]:
+def storage_options(text: str | None) -> dict[str, Any]:
+    """The fsspec options of ``--storage-options JSON`` (strict JSON, an object)."""
     if text is None:
         return {}
     options = load_json(text.encode(), "--storage-options", ConfigError)

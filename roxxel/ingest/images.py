@@ -4,15 +4,16 @@ Inputs: image files (an ImageFolder-style tree: ``root/<class>/.../file.jpg``, l
 the class folder names sorted), or a column of image bytes in Parquet / Arrow / an HF
 ``save_to_disk`` dataset (an HF ``Image`` column is a ``{bytes, path}`` struct). Pack
 workers decode with Pillow (imported only then: the extra ``roxxel[images]``), convert to
-RGB, resize so the image covers the target and center-crop it (or, with ``pad``, fit it
-inside and pad with black), and store ``uint8[3,H,W]`` (``[H,W,3]`` with
-``channels_last``); ``keep_encoded`` stores the file's bytes after checking they decode. An
+RGB, center-crop to the target's aspect ratio and resize (``ImageOps.fit``; or, with
+``pad``, resize inside and pad with black: ``ImageOps.pad``), and store ``uint8[3,H,W]``
+(``[H,W,3]`` with ``channels_last``); ``keep_encoded`` stores the file's bytes after checking they decode. An
 image that does not decode is named (file, or file and row) and skipped with --skip-bad.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import io
 import os
 import re
@@ -150,26 +151,20 @@ class ImageConfig:
 
 
 def decode_image(data: bytes, config: ImageConfig) -> np.ndarray:
-    """Pixels of an encoded image, RGB, resized and center-cropped (or padded) to the size.
+    """Pixels of an encoded image, RGB, fit to the size: Pillow's ``ImageOps.fit`` (center
+    crop to the aspect ratio, then a bilinear resize), or ``ImageOps.pad`` (resize inside,
+    pad with black) with ``config.pad``.
 
     Raises OSError / ValueError (Pillow's) when the bytes do not decode.
     """
     image_mod = pillow()
+    ops = importlib.import_module("PIL.ImageOps")
     with image_mod.open(io.BytesIO(data)) as img:
         img.load()
         rgb = img.convert("RGB")
-    h, w = config.height, config.width
-    scale = (min if config.pad else max)(w / rgb.width, h / rgb.height)
-    size = (max(1, round(rgb.width * scale)), max(1, round(rgb.height * scale)))
-    resized = rgb.resize(size, image_mod.Resampling.BILINEAR)
-    if config.pad:
-        canvas = image_mod.new("RGB", (w, h))
-        canvas.paste(resized, ((w - size[0]) // 2, (h - size[1]) // 2))
-        resized = canvas
-    else:
-        left, top = (size[0] - w) // 2, (size[1] - h) // 2
-        resized = resized.crop((left, top, left + w, top + h))
-    pixels = np.asarray(resized, dtype=np.uint8)
+    size, method = (config.width, config.height), image_mod.Resampling.BILINEAR
+    fitted = ops.pad(rgb, size, method) if config.pad else ops.fit(rgb, size, method)
+    pixels = np.asarray(fitted, dtype=np.uint8)
     return pixels if config.channels_last else np.ascontiguousarray(pixels.transpose(2, 0, 1))
 
 

@@ -1,0 +1,185 @@
+"""``roxxel pack --image-size`` (issue 14): images decoded in the pack workers, checked
+against Pillow's own decode and fit, from files made here (JPEG and PNG, grayscale and RGBA,
+one corrupt file), an HF ``save_to_disk`` ``Image`` column and Parquet image bytes."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import roxxel
+from roxxel.cli import main
+from roxxel.errors import ConfigError
+from roxxel.ingest.images import ImageConfig, decode_image, parse_image_size
+
+Image = pytest.importorskip("PIL.Image")
+ImageOps = pytest.importorskip("PIL.ImageOps")
+
+MODES = {"a.jpg": "RGB", "b.png": "RGBA", "c.png": "L", "d.jpg": "L", "e.png": "RGB"}
+
+
+def _image(mode: str, seed: int) -> object:
+    rng = np.random.default_rng(seed)
+    w, h = int(rng.integers(20, 60)), int(rng.integers(20, 60))
+    shape = (h, w) if mode == "L" else (h, w, len(mode))
+    return Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8), mode)
+
+
+def _encoded(name: str, seed: int) -> bytes:
+    buf = io.BytesIO()
+    _image(MODES[name], seed).save(buf, "JPEG" if name.endswith(".jpg") else "PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    """root/cat/{a.jpg,b.png}, root/dog/{c.png,d.jpg,e.png}, root/dog/zz_bad.jpg (corrupt)."""
+    root = tmp_path / "photos"
+    for i, name in enumerate(MODES):
+        sub = root / ("cat" if name in ("a.jpg", "b.png") else "dog")
+        sub.mkdir(parents=True, exist_ok=True)
+        (sub / name).write_bytes(_encoded(name, i))
+    (root / "dog" / "zz_bad.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    return root
+
+
+def _reference(data: bytes, h: int, w: int, pad: bool = False) -> np.ndarray:
+    img = Image.open(io.BytesIO(data)).convert("RGB")
+    fit = ImageOps.pad if pad else ImageOps.fit
+    return np.asarray(fit(img, (w, h), Image.Resampling.BILINEAR))
+
+
+def _pack(*argv: object) -> int:
+    return main(["pack", *map(str, argv), "-q"])
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_issue14_image_folder_pixels_and_labels_match_pillow(folder, tmp_path, workers, capsys):
+    out = tmp_path / "ds"
+    argv = [folder, "-o", out, "--image-size", "16x24", "--skip-bad", "--unit-bytes", "1K"]
+    assert _pack(*argv, "--workers", workers) == 0
+    assert "zz_bad.jpg" in capsys.readouterr().err
+    ds = roxxel.open_dataset(out)
+    assert ds.schema.to_json()["image"] == "uint8[3,16,24]"
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "zz_bad.jpg")
+    assert len(ds) == len(files) == 5
+    for i, path in enumerate(files):
+        record = ds[i]
+        want = _reference(path.read_bytes(), 16, 24).transpose(2, 0, 1)
+        np.testing.assert_array_equal(record["image"], want)
+        assert record["label"] == (0 if path.parent.name == "cat" else 1)
+    meta = ds.metadata["images"]
+    assert meta["labels"] == {"cat": 0, "dog": 1}
+    assert meta["spec"] == "uint8[3,16,24]"
+
+
+def test_issue14_channels_last_and_pad_match_pillow(folder, tmp_path):
+    out = tmp_path / "ds"
+    argv = [folder / "cat", "-o", out, "--image-size", "20x12", "--channels-last", "--image-pad"]
+    assert _pack(*argv) == 0
+    ds = roxxel.open_dataset(out)
+    assert ds.schema.to_json() == {"image": "uint8[20,12,3]"}  # files named alone: no labels
+    for i, path in enumerate(sorted((folder / "cat").iterdir())):
+        np.testing.assert_array_equal(ds[i]["image"], _reference(path.read_bytes(), 20, 12, True))
+
+
+def test_issue14_grayscale_and_rgba_convert_to_rgb_exactly():
+    gray = io.BytesIO()
+    Image.new("L", (9, 7), 77).save(gray, "PNG")
+    rgba = io.BytesIO()
+    Image.new("RGBA", (5, 11), (10, 200, 30, 128)).save(rgba, "PNG")
+    config = ImageConfig(height=4, width=6)
+    assert (decode_image(gray.getvalue(), config) == 77).all()
+    got = decode_image(rgba.getvalue(), config)
+    assert got.shape == (3, 4, 6)
+    assert got.reshape(3, -1)[:, 0].tolist() == [10, 200, 30]
+
+
+def test_issue14_keep_encoded_stores_the_file_bytes(folder, tmp_path):
+    out = tmp_path / "ds"
+    assert _pack(folder, "-o", out, "--keep-encoded", "--skip-bad") == 0
+    ds = roxxel.open_dataset(out)
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "zz_bad.jpg")
+    assert ds.schema.to_json()["image"] == "bytes"
+    assert [bytes(ds[i]["image"]) for i in range(len(ds))] == [p.read_bytes() for p in files]
+
+
+def test_issue14_corrupt_image_is_one_line_naming_the_file(folder, tmp_path, capsys):
+    assert _pack(folder, "-o", tmp_path / "ds", "--image-size", "8x8") == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert str(folder / "dog" / "zz_bad.jpg") in err
+
+
+def _hf_image_dir(tmp_path: Path, payloads: list[bytes]) -> Path:
+    d = tmp_path / "hf"
+    d.mkdir()
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    images = pa.array([{"bytes": b, "path": None} for b in payloads], image_type)
+    table = pa.table({"image": images, "label": pa.array(range(len(payloads)), pa.int64())})
+    with pa.ipc.new_stream(str(d / "data-00000-of-00001.arrow"), table.schema) as w:
+        w.write_table(table)
+    state = {"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}
+    (d / "state.json").write_text(json.dumps(state))
+    return d
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_issue14_hf_image_column_decodes_and_keeps_labels(tmp_path, workers):
+    payloads = [_encoded(name, i) for i, name in enumerate(MODES)]
+    out = tmp_path / "ds"
+    assert (
+        _pack(
+            _hf_image_dir(tmp_path, payloads),
+            "-o",
+            out,
+            "--image-size",
+            "8x8",
+            "--workers",
+            workers,
+        )
+        == 0
+    )
+    ds = roxxel.open_dataset(out)
+    for i, data in enumerate(payloads):
+        np.testing.assert_array_equal(ds[i]["image"], _reference(data, 8, 8).transpose(2, 0, 1))
+        assert ds[i]["label"] == i
+
+
+def test_issue14_parquet_image_bytes_corrupt_row_is_named(tmp_path, capsys):
+    payloads = [_encoded("a.jpg", 0), b"garbage", _encoded("c.png", 2)]
+    src = tmp_path / "imgs.parquet"
+    pq.write_table(pa.table({"image": payloads}), src)
+    assert _pack(src, "-o", tmp_path / "ds", "--image-size", "8x8") == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{src}: row 1" in err
+    assert _pack(src, "-o", tmp_path / "ds", "--image-size", "8x8", "--skip-bad") == 0
+    ds = roxxel.open_dataset(tmp_path / "ds")
+    np.testing.assert_array_equal(ds[1]["image"], _reference(payloads[2], 8, 8).transpose(2, 0, 1))
+
+
+@pytest.mark.parametrize("text", ["64by64", "0x8", "x", "8x8x8", "99999x1"])
+def test_issue14_image_size_that_does_not_parse_is_one_line(folder, tmp_path, text, capsys):
+    assert _pack(folder, "-o", tmp_path / "ds", "--image-size", text) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--image-size" in err
+    with pytest.raises(ConfigError):
+        parse_image_size(text)
+
+
+def test_issue14_images_without_image_flags_ask_for_them(folder, tmp_path, capsys):
+    assert _pack(folder, "-o", tmp_path / "ds") == 1
+    assert "--image-size" in capsys.readouterr().err
+
+
+def test_issue14_missing_pillow_says_which_extra(folder, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "PIL.Image", None)
+    assert _pack(folder, "-o", tmp_path / "ds", "--image-size", "8x8") == 1
+    assert "roxxel[images]" in capsys.readouterr().err

@@ -8,6 +8,7 @@ import io
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -25,7 +26,7 @@ ImageOps = pytest.importorskip("PIL.ImageOps")
 MODES = {"a.jpg": "RGB", "b.png": "RGBA", "c.png": "L", "d.jpg": "L", "e.png": "RGB"}
 
 
-def _image(mode: str, seed: int) -> object:
+def _image(mode: str, seed: int) -> Any:
     rng = np.random.default_rng(seed)
     w, h = int(rng.integers(20, 60)), int(rng.integers(20, 60))
     shape = (h, w) if mode == "L" else (h, w, len(mode))

@@ -11,7 +11,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,arrow,json,remote,s3]'
+	$(PY) -m pip install --quiet -e '.[dev,arrow,json,remote,s3,tokenizers,images]'
 	$(PY) -m compileall -q roxxel  # an editable install leaves this to the first import
 	touch $(STAMP)
 

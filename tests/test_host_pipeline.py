@@ -183,6 +183,12 @@ def test_issue14_host_threads_out_of_range_is_a_config_error(threads):
         LoaderConfig(host_threads=threads)
 
 
+@pytest.mark.parametrize("value", [None, 1, "yes"])
+def test_issue16_pin_host_must_be_a_bool(value):
+    with pytest.raises(ConfigError, match="pin_host"):
+        LoaderConfig(pin_host=value)
+
+
 # --- issue 16: the pinned ring -------------------------------------------------------------
 
 

@@ -115,6 +115,8 @@ class LoaderConfig:
         check_int("loader: max_batch_bytes", self.max_batch_bytes, 1)
         if self.host_threads is not None:
             check_int("loader: host_threads", self.host_threads, 1, 256)
+        if not isinstance(self.pin_host, bool):
+            _bad("pin_host", self.pin_host, "True or False")
         if self.fields is not None:
             object.__setattr__(self, "fields", tuple(self.fields))
 

@@ -168,6 +168,24 @@ def _pack_inputs(cwd: Path) -> None:
     (cwd / "mixture.toml").write_text(toml.code)
 
 
+def _tokenizer_and_photos(cwd: Path) -> None:
+    """tok/tokenizer.json (a BPE trained here) and photos/<class>/*.png for cli.md."""
+    tokenizers = pytest.importorskip("tokenizers")
+    image = pytest.importorskip("PIL.Image")
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], show_progress=False,
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+    )  # fmt: skip
+    bpe.train_from_iterator([f"doc {i}" for i in range(100)], trainer)
+    (cwd / "tok").mkdir()
+    bpe.save(str(cwd / "tok" / "tokenizer.json"))
+    for i, name in enumerate(["cat", "cat", "dog", "dog"]):
+        (cwd / "photos" / name).mkdir(parents=True, exist_ok=True)
+        image.new("RGB", (40 + i, 30), (i * 60, 0, 0)).save(cwd / "photos" / name / f"{i}.png")
+
+
 def _points(cwd: Path) -> None:
     with roxxel.DatasetWriter(cwd / "data" / "points", {"x": "float32[2]", "y": "float32"}) as w:
         for i in range(3200):
@@ -177,7 +195,7 @@ def _points(cwd: Path) -> None:
 
 INPUTS: dict[str, list[Callable[[Path], None]]] = {
     "README.md": [_corpus, lambda cwd: _tokens_dataset(cwd / "data" / "code", 80)],
-    "cli.md": [_corpus, _pack_inputs],
+    "cli.md": [_corpus, _pack_inputs, _tokenizer_and_photos],
     "format.md": [],
     # enough tokens for one batch of 256 windows of 2048 (the recipes read one epoch)
     "loading.md": [lambda cwd: _tokens_dataset(cwd / "data" / "web", 256, 2100), _images],

@@ -177,6 +177,22 @@ def test_issue14_slices_returning_different_fields_is_a_config_error():
         sliced.close()
 
 
+def test_issue14_closing_from_a_helper_thread_neither_raises_nor_hangs():
+    box = {}
+
+    def closes_on_a_helper(rows, rng):
+        if threading.current_thread().name.startswith("roxxel-host"):
+            box["sliced"].close()  # as a loader dropped by garbage collection there would
+        return rows
+
+    sliced = box["sliced"] = SlicedTransform(closes_on_a_helper, 2)
+    out = sliced({"x": np.arange(16)}, np.arange(16), lambda row: host_rng(0, 0, row))
+    np.testing.assert_array_equal(out["x"], np.arange(16))
+    for thread in _host_threads():
+        thread.join(timeout=30)  # told to stop: each exits once idle
+    assert not _host_threads()
+
+
 @pytest.mark.parametrize("threads", [0, -1, True, 1.5, 257])
 def test_issue14_host_threads_out_of_range_is_a_config_error(threads):
     with pytest.raises(ConfigError, match="host_threads"):

@@ -289,6 +289,7 @@ class Prefetcher:
 
 
 HOST_SLICES = 8  # a batch's rows in this many fixed slices, whatever the thread count
+_HELPER = "roxxel-host"  # the helper threads' name prefix
 
 Batch = dict[str, np.ndarray]
 
@@ -373,15 +374,16 @@ class SlicedTransform:
     def _helpers(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=max(1, self._num_threads - 1), thread_name_prefix="roxxel-host"
+                max_workers=max(1, self._num_threads - 1), thread_name_prefix=_HELPER
             )
         return self._pool
 
     def close(self) -> None:
-        """Join the helper threads."""
+        """Join the helper threads (from one of them, as when garbage collection there
+        drops the loader: stop them without joining, they exit once idle)."""
         pool, self._pool = self._pool, None
         if pool is not None:
-            pool.shutdown(wait=True)
+            pool.shutdown(wait=not threading.current_thread().name.startswith(_HELPER))
 
 
 def _join(

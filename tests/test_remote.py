@@ -9,12 +9,14 @@ back; eviction under ``cache_limit_bytes`` spares mapped shards.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import pickle
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -128,8 +130,6 @@ def test_prefetch_fetches_in_the_background_in_parallel(local, tmp_path):
 
 
 def test_a_shard_wanted_now_does_not_wait_behind_queued_fetches(local, tmp_path):
-    import threading
-
     cache = ShardCache(CacheConfig(f"file://{local}", tmp_path, max_fetches=1, policy=FAST))
     first, middle, wanted = cache.read_manifest().shards[:3]
     release, started = threading.Event(), threading.Event()
@@ -150,6 +150,34 @@ def test_a_shard_wanted_now_does_not_wait_behind_queued_fetches(local, tmp_path)
     cache.wait()
     assert all(cache.is_current(e) for e in (first, middle, wanted))
     assert cache.num_fetched == 3
+
+
+def test_close_cancels_queued_fetches_and_joins_its_threads(local, tmp_path):
+
+    cache = ShardCache(CacheConfig(f"file://{local}", tmp_path, max_fetches=2, policy=FAST))
+    cache.prefetch(cache.read_manifest().shards)
+    threads = list(cache._threads)
+    assert threads
+    cache.close()
+    cache.wait()  # nothing left pending after a close
+    assert not any(t.is_alive() for t in threads)
+    entries = cache.read_manifest().shards
+    cache.prefetch(entries)  # a cache closed once still fetches ahead
+    cache.wait()
+    assert all(cache.is_current(e) for e in entries)
+    cache.close()
+
+
+def test_the_fetch_threads_of_a_cache_nobody_uses_end(local, tmp_path):
+    cache = ShardCache(CacheConfig(f"file://{local}", tmp_path, max_fetches=2, policy=FAST))
+    cache.prefetch(cache.read_manifest().shards[:1])
+    cache.wait()
+    threads = list(cache._threads)
+    del cache
+    gc.collect()
+    for thread in threads:
+        thread.join(30)
+    assert not any(t.is_alive() for t in threads)
 
 
 def test_records_advise_starts_fetching_the_shards_it_names(local, tmp_path):

@@ -14,8 +14,8 @@ holds a shared ``flock`` on the shard file itself for as long as the mapping liv
 gets without waiting, i.e. that no process maps. A file left by a fetcher killed mid-way is a
 ``.part`` file, never a shard; the next fetch of that shard removes it.
 
-Within a process: at most ``max_fetches`` downloads run at once (a thread pool for
-`prefetch`); a shard wanted now that is still queued is fetched at once by the caller.
+Within a process: at most ``max_fetches`` downloads run at once (daemon threads for
+`prefetch`: a download in flight never holds up the interpreter's exit); a shard wanted now that is still queued is fetched at once by the caller.
 """
 
 from __future__ import annotations
@@ -24,13 +24,14 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import queue
 import re
 import secrets
 import threading
 import weakref
 from collections.abc import Iterable, Mapping
 from concurrent import futures
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,7 +107,8 @@ class ShardCache:
         self.folder.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._inflight: dict[str, Future[Path]] = {}
-        self._pool: ThreadPoolExecutor | None = None
+        self._queue: queue.SimpleQueue[tuple[ShardEntry, Future[Path]] | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
         self._published: set[str] = set()  # names this object saw published: prefetch skips
         _OPEN.add(self)
         self.num_fetched = 0  # shards this object downloaded (not reused): for tests, progress
@@ -146,14 +148,14 @@ class ShardCache:
         A failed prefetch is dropped: the fetch that needs the shard tries again and raises.
         """
         with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.config.max_fetches, "roxxel-fetch")
+            if not self._threads:
+                self._start_threads()
             for entry in entries:
                 if entry.path in self._inflight or entry.path in self._published:
                     continue
                 future: Future[Path] = Future()
                 self._inflight[entry.path] = future
-                self._pool.submit(self._queued, entry, future)
+                self._queue.put((entry, future))
 
     def is_current(self, entry: ShardEntry) -> bool:
         """Whether the cached file of ``entry`` exists with the entry's size and trailer."""
@@ -213,18 +215,36 @@ class ShardCache:
         futures.wait(pending)
 
     def close(self) -> None:
-        """Cancel queued fetches and wait for running ones."""
+        """Cancel queued fetches, wait for running ones and join the fetch threads (a later
+        `prefetch` starts new ones)."""
         with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            threads, self._threads = self._threads, []
+            for name, future in list(self._inflight.items()):
+                if future.cancel():  # queued, never started
+                    del self._inflight[name]
+            for _ in threads:
+                self._queue.put(None)
+        for thread in threads:
+            thread.join()
 
     def __repr__(self) -> str:
         return f"ShardCache({self.config.url!r}, folder={str(self.folder)!r})"
 
+    def _start_threads(self) -> None:
+        """Daemons (a download in flight never holds up an exit) that hold this cache only
+        weakly: a cache nobody uses is collected and its threads end."""
+        ref, jobs, num = weakref.ref(self), self._queue, self.config.max_fetches
+        self._threads = [
+            threading.Thread(target=_fetch_loop, args=(ref, jobs), name="roxxel-fetch", daemon=True)
+            for _ in range(num)
+        ]
+        for thread in self._threads:
+            thread.start()
+        weakref.finalize(self, _stop_threads, jobs, num)
+
     def _queued(self, entry: ShardEntry, future: Future[Path]) -> None:
         if not future.set_running_or_notify_cancel():
-            return  # a caller took it over
+            return  # a caller took it over, or `close` cancelled it
         # dropped: the fetch that needs this shard raises it (see prefetch)
         with contextlib.suppress(RoxxelError, OSError):
             self._run(entry, future)
@@ -327,11 +347,26 @@ class ShardCache:
             shard.close()
 
 
+def _fetch_loop(ref: weakref.ref[ShardCache], jobs: queue.SimpleQueue[Any]) -> None:
+    while (item := jobs.get()) is not None:
+        cache = ref()
+        if cache is None:
+            return
+        cache._queued(*item)
+        del cache
+
+
+def _stop_threads(jobs: queue.SimpleQueue[Any], num: int) -> None:
+    for _ in range(num):
+        jobs.put(None)
+
+
 def _renew_after_fork() -> None:
     """In a forked child: no fetch thread of the parent runs here, and a lock one held at the
     fork would never be released."""
     for cache in list(_OPEN):
-        cache._lock, cache._pool, cache._inflight = threading.Lock(), None, {}
+        cache._lock, cache._threads, cache._inflight = threading.Lock(), [], {}
+        cache._queue = queue.SimpleQueue()
 
 
 os.register_at_fork(after_in_child=_renew_after_fork)

@@ -108,6 +108,25 @@ def test_a_cached_shard_that_no_longer_matches_is_fetched_again(local, tmp_path)
     assert again.cache is not None and again.cache.num_fetched == 1
 
 
+def test_a_hidden_shard_name_is_refused_at_a_url(tmp_path):
+    memory = fsspec.filesystem("memory")
+    doc = {
+        "format": "roxxel-dataset",
+        "format_version": 1,
+        "schema": {"label": "int64"},
+        "num_records": 1,
+        "shards": [
+            {"path": ".x.lock", "num_records": 1, "num_bytes": 200, "checksum": "xxh3:" + "0" * 16}
+        ],
+        "metadata": {},
+    }
+    memory.pipe_file("/roxxel-hidden/ds/manifest.json", json.dumps(doc).encode())
+    with pytest.raises(FormatError) as caught:
+        roxxel.open_dataset("memory://roxxel-hidden/ds", cache_dir=tmp_path)
+    assert caught.value.rule == "M5"
+    assert caught.value.path == "memory://roxxel-hidden/ds/manifest.json"
+
+
 def test_cache_options_for_a_local_path_are_refused(local, tmp_path):
     with pytest.raises(ConfigError, match="cache options"):
         roxxel.open_dataset(local, cache_dir=tmp_path)

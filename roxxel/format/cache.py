@@ -124,7 +124,17 @@ class ShardCache:
                 rule="M1",
                 path=where,
             ) from None
-        return parse_manifest(data, where)
+        manifest = parse_manifest(data, where)
+        for entry in manifest.shards:  # ".<name>.lock" and ".<name>...part" are the cache's
+            if entry.path.startswith("."):
+                raise FormatError(
+                    f"{where}: shard {entry.path!r:.300} (expected a name not starting with"
+                    " '.', which a dataset at a URL leaves to its cache; rule M5 of"
+                    " docs/format.md)",
+                    rule="M5",
+                    path=where,
+                )
+        return manifest
 
     def fetch(self, entry: ShardEntry) -> Path:
         """The local path of ``entry``'s shard, fetched and verified if it is not cached."""

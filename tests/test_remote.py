@@ -537,3 +537,25 @@ def test_push_refuses_a_broken_local_dataset_before_uploading(local, tmp_path):
         upload_dataset(broken, f"file://{tmp_path}/remote")
     assert caught.value.rule == "M8"
     assert not (tmp_path / "remote").exists()
+
+
+def _jsonl(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"label": i, "tokens": list(range(i % 9))}) for i in range(50)]
+    (folder / "part.jsonl").write_text("\n".join(lines) + "\n")
+    return folder / "part.jsonl"
+
+
+def test_pack_to_a_url_stages_then_uploads_manifest_last(s3, tmp_path, monkeypatch):
+    from roxxel.cli import main
+
+    monkeypatch.setenv("ROXXEL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.options["endpoint_url"])  # as a user would
+    source = _jsonl(tmp_path / "in")
+    url = "s3://roxxel-data/packed"
+    assert main(["pack", str(source), "-o", url, "--field", "label:int64", "-q"]) == 0
+    dataset = _open(url, tmp_path / "read", s3.options)
+    assert _labels(dataset) == list(range(50))
+    assert not (tmp_path / "cache" / "staging" / dataset.path.name).exists()  # removed
+    args = ["pack", str(source), "-o", url, "--num-tasks", "2", "--task-index", "0"]
+    assert main(args) == 2  # one task packs to a URL; several go through shared storage

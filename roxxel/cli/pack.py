@@ -21,7 +21,9 @@ from roxxel.cli.args import (
     parse_size,
     read_schema_toml,
 )
+from roxxel.cli.push import pack_to_url
 from roxxel.errors import ConfigError
+from roxxel.format.remote import is_url
 from roxxel.format.schema import Schema
 from roxxel.format.writer import parse_compress
 from roxxel.ingest.images import ImageConfig, folder_labels, parse_image_size, pillow
@@ -320,6 +322,8 @@ def _config(args: argparse.Namespace) -> tuple[PackConfig, list[WorkUnit]]:
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
+    if is_url(args.output):  # pack into a staging folder, then upload it, manifest last
+        return pack_to_url(args, cmd_pack)
     _check_args(args)
     start = time.perf_counter()
     config, units = _config(args)

@@ -49,11 +49,16 @@ from roxxel.format.manifest import (
 from roxxel.format.reader import Shard, read_trailer
 from roxxel.format.remote import FetchPolicy, RemoteStore, join_url
 
-__all__ = ["CacheConfig", "ShardCache"]
+__all__ = ["CacheConfig", "ShardCache", "default_cache_dir"]
 
 _PART = ".part"
 # Every cache object, so a forked child can drop its parent's fetch threads and locks.
 _OPEN: weakref.WeakSet[ShardCache] = weakref.WeakSet()
+
+
+def default_cache_dir() -> Path:
+    """``$ROXXEL_CACHE_DIR``, else ``~/.cache/roxxel``."""
+    return Path(os.environ.get("ROXXEL_CACHE_DIR") or Path.home() / ".cache" / "roxxel")
 
 
 @dataclass(frozen=True, slots=True)

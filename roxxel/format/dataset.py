@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from roxxel.errors import ConfigError, FormatError
-from roxxel.format.cache import CacheConfig, ShardCache
+from roxxel.format.cache import CacheConfig, ShardCache, default_cache_dir
 from roxxel.format.gather import Batch, Group, RecordSource, gather, normalize_indices, read_cap
 from roxxel.format.manifest import (
     MANIFEST_MAX_BYTES,
@@ -300,9 +300,11 @@ def open_dataset(
                 " URL such as s3://bucket/ds with cache_dir, storage_options, cache_limit_bytes)"
             )
         return Dataset(path, verify=verify, max_decoded_bytes=max_decoded_bytes)
-    default = os.environ.get("ROXXEL_CACHE_DIR") or Path.home() / ".cache" / "roxxel"
     config = CacheConfig(
-        str(path), Path(cache_dir or default), dict(storage_options or {}), cache_limit_bytes
+        str(path),
+        Path(cache_dir) if cache_dir is not None else default_cache_dir(),
+        dict(storage_options or {}),
+        cache_limit_bytes,
     )
     return Dataset(
         path, verify=verify, max_decoded_bytes=max_decoded_bytes, cache=ShardCache(config)

@@ -126,6 +126,8 @@ class Dataset(RecordSource):
         """Shard ``k``, mapped and checked against its manifest entry on first use (M9)."""
         shard = self._shards[k]
         if shard is None:
+            if self.cache is not None:  # outside the lock: fetches of other shards go on
+                self.cache.fetch(self.manifest.shards[k])
             with self._lock:
                 shard = self._shards[k]
                 if shard is None:

@@ -144,18 +144,24 @@ class ShardCache:
     def fetch(self, entry: ShardEntry) -> Path:
         """The local path of ``entry``'s shard, fetched and verified if it is not cached."""
         while True:
-            mine: Future[Path] | None = None
-            with self._lock:
-                queued = self._inflight.get(entry.path)
-                if queued is None or queued.cancel():  # not started: run it here, now
-                    mine = self._inflight[entry.path] = Future()
-                    mine.set_running_or_notify_cancel()
-            if mine is not None or queued is None:
-                return self._run(entry, mine or Future())
+            mine, future = self._claim(entry.path)
+            if mine:
+                return self._run(entry, future)
             try:
-                return queued.result()
+                return future.result()
             except CancelledError:  # another caller took it over; ask again
                 continue
+
+    def _claim(self, name: str) -> tuple[bool, Future[Path]]:
+        """(True, a new running future) when this caller is to fetch ``name``, taking over a
+        prefetch still queued; else (False, the fetch already running)."""
+        with self._lock:
+            future = self._inflight.get(name)
+            if future is not None and not future.cancel():
+                return False, future
+            future = self._inflight[name] = Future()
+            future.set_running_or_notify_cancel()
+            return True, future
 
     def prefetch(self, entries: Iterable[ShardEntry]) -> None:
         """Queue fetches of these shards (at most ``max_fetches`` at once); returns at once.

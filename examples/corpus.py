@@ -6,7 +6,8 @@
 
 Both are written as JSON Lines, one ``{"text": ...}`` document per line, for ``roxxel pack``.
 The selection is deterministic (sorted paths, evenly spaced, up to a byte budget), so two
-machines with the same Python build the same corpus.
+machines with the same Python build the same corpus. `train_bpe` trains a byte-level BPE
+tokenizer on it, on the spot (``tokenizers``; a few seconds), for ``roxxel pack --tokenizer``.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
 SKIP_DIRS = {"test", "tests", "idlelib", "turtledemo", "site-packages", "__pycache__"}
 MAX_DOC_BYTES = 16_384
 MIN_DOCSTRING_CHARS = 200
+END_OF_DOCUMENT = "<|endoftext|>"  # id 0: the first special token
 
 
 def stdlib_files() -> list[Path]:
@@ -112,3 +116,29 @@ def build(out_dir: Path, budget_bytes: int) -> dict[str, tuple[Path, int, int]]:
         path = out_dir / f"{name}.jsonl"
         result[name] = (path, *write_jsonl(path, documents(files, budget_bytes)))
     return result
+
+
+def _texts(paths: list[Path]) -> Iterator[str]:
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                yield json.loads(line)["text"]
+
+
+def train_bpe(paths: list[Path], out_path: Path, vocab_size: int) -> Path:
+    """Trains a byte-level BPE of up to ``vocab_size`` ids on the texts of JSON Lines files
+    (every byte has an id, so any text encodes; ``<|endoftext|>`` is id 0) and saves it as
+    an HF ``tokenizer.json``."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[END_OF_DOCUMENT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_texts(paths), trainer)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(out_path))
+    return out_path

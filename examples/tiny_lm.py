@@ -1,6 +1,7 @@
-"""A small byte-level transformer language model in plain JAX (no Flax, no Optax).
+"""A small transformer language model in plain JAX (no Flax, no Optax).
 
-Vocabulary: the 256 byte values. Pre-norm decoder blocks with causal multi-head attention
+Vocabulary: ``ModelConfig.vocab`` ids (the demo's BPE; the 256 byte values by default), id 0
+ending a document. Pre-norm decoder blocks with causal multi-head attention
 and a GELU MLP, learned positions, tied input/output embeddings, AdamW with warmup and
 cosine decay. The train state is a plain dict pytree: ``{"params", "opt", "step"}``.
 """
@@ -8,6 +9,7 @@ cosine decay. The train state is a plain dict pytree: ``{"params", "opt", "step"
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +27,7 @@ class ModelConfig:
     """Sizes of the model and the optimizer's schedule."""
 
     seq_len: int = 128
+    vocab: int = VOCAB
     d_model: int = 128
     num_layers: int = 2
     num_heads: int = 4
@@ -56,7 +59,7 @@ def init_params(key: jax.Array, cfg: ModelConfig) -> Params:
             }
         )
     return {
-        "embed": jax.random.normal(keys[0], (VOCAB, d)) * 0.02,
+        "embed": jax.random.normal(keys[0], (cfg.vocab, d)) * 0.02,
         "pos": jax.random.normal(keys[1], (cfg.seq_len, d)) * 0.02,
         "layers": layers,
         "ln_f": jnp.ones(d),
@@ -78,7 +81,7 @@ def _attention(x: jax.Array, layer: Params, num_heads: int) -> jax.Array:
 
 
 def logits(params: Params, tokens: jax.Array, num_heads: int) -> jax.Array:
-    """Next-byte logits (B, T, 256) for int tokens (B, T)."""
+    """Next-token logits (B, T, vocab) for int tokens (B, T)."""
     x = params["embed"][tokens] + params["pos"][: tokens.shape[1]]
     for layer in params["layers"]:
         x = x + _attention(_norm(x, layer["ln1"]), layer, num_heads)
@@ -87,7 +90,7 @@ def logits(params: Params, tokens: jax.Array, num_heads: int) -> jax.Array:
 
 
 def row_losses(params: Params, window: jax.Array, num_heads: int) -> jax.Array:
-    """Mean next-byte cross-entropy (nats) of each row of `window` (B, T+1)."""
+    """Mean next-token cross-entropy (nats) of each row of `window` (B, T+1)."""
     tokens = window.astype(jnp.int32)
     logp = jax.nn.log_softmax(logits(params, tokens[:, :-1], num_heads))
     picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
@@ -153,16 +156,27 @@ def make_step(cfg: ModelConfig, source_names: tuple[str, ...]) -> Any:
     return step
 
 
-def generate(params: Params, prompt: str, cfg: ModelConfig, num_bytes: int = 160) -> str:
-    """Samples a continuation of `prompt` byte by byte (temperature 0.8, fixed seed).
+Codec = tuple[Callable[[str], list[int]], Callable[[list[int]], str]]
 
-    Stops at the end-of-document byte (0). Each byte is one forward pass over a window of
-    `cfg.seq_len` bytes; causal attention makes the zero padding after the prompt harmless.
+
+def _bytes_codec() -> Codec:
+    return list, lambda ids: bytes(ids).decode("utf-8", errors="replace")
+
+
+def generate(
+    params: Params, prompt: str, cfg: ModelConfig, num_tokens: int = 160, codec: Codec | None = None
+) -> str:
+    """Samples a continuation of `prompt` token by token (temperature 0.8, fixed seed).
+
+    ``codec`` is (encode, decode) of the tokenizer (default: UTF-8 bytes). Stops at the
+    end-of-document id (0). Each token is one forward pass over a window of `cfg.seq_len`
+    tokens; causal attention makes the zero padding after the prompt harmless.
     """
+    encode, decode = codec or _bytes_codec()
     next_logits = jax.jit(lambda p, t, i: logits(p, t, cfg.num_heads)[0, i])
     key = jax.random.key(0)
-    out = list(prompt.encode("utf-8"))
-    for k in range(num_bytes):
+    out = list(encode(prompt))
+    for k in range(num_tokens):
         window = np.zeros((1, cfg.seq_len), np.int32)
         recent = out[-cfg.seq_len :]
         window[0, : len(recent)] = recent
@@ -171,4 +185,4 @@ def generate(params: Params, prompt: str, cfg: ModelConfig, num_bytes: int = 160
         if token == 0:
             break
         out.append(token)
-    return bytes(out).decode("utf-8", errors="replace")
+    return decode(out)

@@ -299,6 +299,7 @@ class ShardCache:
             try:
                 self._download(entry, temp)
                 self._check(entry, temp)
+                _drop_pages(temp)
                 os.replace(temp, path)
             finally:
                 temp.unlink(missing_ok=True)
@@ -334,9 +335,6 @@ class ShardCache:
                 offset += want
             out.flush()
             os.fsync(out.fileno())
-            # written once, read later: keep it from pushing the host's working set out of
-            # the page cache (and the loader then sees its first reads as cold: it reads ahead)
-            os.posix_fadvise(out.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
     def _check(self, entry: ShardEntry, temp: Path) -> None:
         """Every rule a published shard must meet (module docstring), or FormatError."""
@@ -469,6 +467,17 @@ def _remove_parts(folder: Path, name: str) -> None:
         stale = [e.path for e in entries if e.name.startswith(prefix) and e.name.endswith(_PART)]
     for item in stale:
         Path(item).unlink(missing_ok=True)
+
+
+def _drop_pages(path: Path) -> None:
+    """Written once and checked, read later: keep the download from pushing the host's
+    working set out of the page cache (and the Loader then sees its first reads of the shard
+    as cold, so it keeps reading, and fetching, ahead)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 def _fsync_dir(folder: Path) -> None:

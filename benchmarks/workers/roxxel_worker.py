@@ -430,12 +430,16 @@ def w_train_host_threads(p: dict) -> list[ms.Metric]:
     rounds = max(1, round(stats.gather_s / max(stats.transform_s, 1e-9)))
     last = stats
     rates: dict[int | None, list[float]] = {2: [], 1: [], None: []}
+    bare: dict[int, list[float]] = {2: [], 1: []}
+    images = ds.get_batch(np.arange(dg.IMAGE_BATCH))["image"]
     for _ in range(reps):
         for threads in rates:
             with loader(threads, rounds) as timed:
                 rates[threads].append(_loader_rate(timed, n, 1))
                 if threads == 2:
                     last = timed.stats()
+        for threads in bare:
+            bare[threads].append(_bare_threads_rate(images, rounds + 1, threads, n))
     note = (
         f"transform = {rounds} in-place np.add passes, calibrated to one gather "
         f"({1e3 * stats.gather_s:.2f} ms); 2 threads: gather {1e3 * last.gather_s:.2f} ms, "
@@ -450,7 +454,36 @@ def w_train_host_threads(p: dict) -> list[ms.Metric]:
             notes=note if t == 2 else "",
         )
         for t, r in rates.items()
+    ] + [
+        ms.metric(
+            "train_host_threads",
+            f"bare numpy, {rounds + 1} np.add passes over a batch's images, {t} thread(s)",
+            float(np.median(r)),
+            "batches/s",
+            notes="the machine's own 2-thread speedup at the time: the bound" if t == 2 else "",
+        )
+        for t, r in bare.items()
     ]
+
+
+def _bare_threads_rate(images: np.ndarray, rounds: int, threads: int, n: int) -> float:
+    """Batches/s of `rounds` in-place passes over `images`, split over `threads` threads."""
+    import threading
+
+    parts = np.array_split(images, threads)
+
+    def work(part: np.ndarray) -> None:
+        for _ in range(n):
+            for _ in range(rounds):
+                np.add(part, 1, out=part)
+
+    workers = [threading.Thread(target=work, args=(p,)) for p in parts]
+    t0 = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return n / (time.perf_counter() - t0)
 
 
 def w_train_step(p: dict) -> list[ms.Metric]:

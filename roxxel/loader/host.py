@@ -309,8 +309,9 @@ class SlicedTransform:
     thread and ``num_threads - 1`` helpers: ``fill(start, stop, rows)`` (the gather of those
     rows, when given), then ``fn(rows, rng) -> rows`` (the transform, when there is one).
 
-    Slice k runs on thread k % num_threads with ``rng_for(first_row)`` (its first row's
-    global index), so every slice sees the same rows and generator for any number of
+    Each thread takes a contiguous run of slices (`_groups`), reads their rows with one
+    ``fill`` call, then transforms each slice with ``rng_for(first_row)`` (the slice's first
+    row's global index), so every slice sees the same rows and generator for any number of
     threads and the joined batch is the same. Output fields that are the slice's own input
     arrays (a transform that works in place) stay in the batch buffer; any other output is
     joined with one copy (``np.concatenate``).
@@ -344,22 +345,25 @@ class SlicedTransform:
         firsts = [int(rows[a]) if a < len(rows) else a for a, _ in bounds]
         outs: list[Batch | None] = [None] * len(parts)
         errors: list[BaseException | None] = [None] * len(parts)
-        spent = [[0.0, 0.0] for _ in parts]  # seconds reading, transforming each slice
+        groups = _groups(len(parts), self._num_threads)
+        spent = [[0.0, 0.0] for _ in groups]  # seconds reading, transforming per thread
 
         def run(thread: int) -> None:
-            for k in range(thread, len(parts), self._num_threads):
+            ks = groups[thread]
+            began = time.perf_counter()
+            for k in ks:
                 try:
-                    began = time.perf_counter()
-                    if fill is not None:
-                        fill(*bounds[k], parts[k])
-                    read = time.perf_counter()
+                    if fill is not None and k == ks[0]:  # the thread's rows in one read
+                        start, stop = bounds[ks[0]][0], bounds[ks[-1]][1]
+                        fill(start, stop, {n: a[start:stop] for n, a in batch.items()})
+                        spent[thread][0] = time.perf_counter() - began
                     fn = self._fn
                     outs[k] = parts[k] if fn is None else fn(parts[k], rng_for(firsts[k]))
-                    spent[k] = [read - began, time.perf_counter() - read]
                 except BaseException as error:  # re-raised below, in slice order
                     errors[k] = error
+            spent[thread][1] = time.perf_counter() - began - spent[thread][0]
 
-        helpers = [self._helpers().submit(run, t) for t in range(1, self._num_threads)]
+        helpers = [self._helpers().submit(run, t) for t in range(1, len(groups))]
         run(0)
         concurrent.futures.wait(helpers)
         reading, transforming = (sum(column) for column in zip(*spent, strict=True))
@@ -384,6 +388,16 @@ class SlicedTransform:
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=not threading.current_thread().name.startswith(_HELPER))
+
+
+def _groups(num_slices: int, num_threads: int) -> list[list[int]]:
+    """Contiguous runs of slices, one per thread (at most one thread per slice).
+
+    >>> _groups(8, 3), _groups(2, 4)
+    ([[0, 1], [2, 3, 4], [5, 6, 7]], [[0], [1]])
+    """
+    n = min(num_slices, num_threads)
+    return [list(range(t * num_slices // n, (t + 1) * num_slices // n)) for t in range(n)]
 
 
 def _join(

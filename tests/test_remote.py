@@ -171,6 +171,33 @@ def test_a_shard_wanted_now_does_not_wait_behind_queued_fetches(local, tmp_path)
     assert cache.num_fetched == 3
 
 
+def test_the_first_prefetch_goes_first_and_later_ones_wait_for_it(local, tmp_path):
+    cache = ShardCache(CacheConfig(f"file://{local}", tmp_path, max_fetches=2, policy=FAST))
+    first, later = cache.read_manifest().shards[:2]
+    release, started = (
+        threading.Event(),
+        {first.path: threading.Event(), later.path: threading.Event()},
+    )
+    read = cache.store.read
+
+    def stalled(name, start=0, stop=None):
+        started[name].set()
+        if name == first.path:
+            release.wait()
+        return read(name, start, stop)
+
+    cache.store.read = stalled  # type: ignore[method-assign]
+    cache.prefetch([first])  # a loader's first step
+    cache.prefetch([later])  # its read-ahead: a second thread is free, yet it waits
+    assert started[first.path].wait(30)
+    # the event that must not happen: waited for boundedly (it would take microseconds)
+    assert not started[later.path].wait(0.5)
+    release.set()
+    cache.wait()
+    assert started[later.path].is_set() and cache.num_fetched == 2
+    cache.close()
+
+
 def test_close_cancels_queued_fetches_and_joins_its_threads(local, tmp_path):
 
     cache = ShardCache(CacheConfig(f"file://{local}", tmp_path, max_fetches=2, policy=FAST))

@@ -111,6 +111,9 @@ class ShardCache:
         self.folder = config.folder if folder is None else Path(folder)  # `roxxel pull`: DIR
         self.folder.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._turn = threading.Condition(self._lock)
+        # the shards of the first `prefetch` (a loader's first step): later ones wait for them
+        self._first: set[str] | None = None
         self._inflight: dict[str, Future[Path]] = {}
         self._queue: queue.SimpleQueue[tuple[ShardEntry, Future[Path]] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
@@ -166,17 +169,23 @@ class ShardCache:
     def prefetch(self, entries: Iterable[ShardEntry]) -> None:
         """Queue fetches of these shards (at most ``max_fetches`` at once); returns at once.
 
-        A failed prefetch is dropped: the fetch that needs the shard tries again and raises.
+        The shards of the first call (a loader's first step) go first: no later one starts
+        until they are fetched, so the first batch does not share the bandwidth. A failed
+        prefetch is dropped: the fetch that needs the shard tries again and raises.
         """
         with self._lock:
             if not self._threads:
                 self._start_threads()
+            queued = []
             for entry in entries:
                 if entry.path in self._inflight or entry.path in self._published:
                     continue
                 future: Future[Path] = Future()
                 self._inflight[entry.path] = future
                 self._queue.put((entry, future))
+                queued.append(entry.path)
+            if self._first is None:
+                self._first = set(queued)
 
     def is_current(self, entry: ShardEntry) -> bool:
         """Whether the cached file of ``entry`` exists with the entry's size and trailer."""
@@ -240,6 +249,8 @@ class ShardCache:
         `prefetch` starts new ones)."""
         with self._lock:
             threads, self._threads = self._threads, []
+            self._first = set()
+            self._turn.notify_all()
             for name, future in list(self._inflight.items()):
                 if future.cancel():  # queued, never started
                     del self._inflight[name]
@@ -264,6 +275,9 @@ class ShardCache:
         weakref.finalize(self, _stop_threads, jobs, num)
 
     def _queued(self, entry: ShardEntry, future: Future[Path]) -> None:
+        with self._turn:
+            while self._first and entry.path not in self._first:
+                self._turn.wait()
         if not future.set_running_or_notify_cancel():
             return  # a caller took it over, or `close` cancelled it
         # dropped: the fetch that needs this shard raises it (see prefetch)
@@ -280,6 +294,10 @@ class ShardCache:
             with self._lock:
                 if self._inflight.get(entry.path) is future:
                     del self._inflight[entry.path]
+                if self._first:
+                    self._first.discard(entry.path)
+                    if not self._first:
+                        self._turn.notify_all()
         with self._lock:
             self._published.add(entry.path)
         future.set_result(path)
@@ -385,6 +403,7 @@ def _renew_after_fork() -> None:
     fork would never be released."""
     for cache in list(_OPEN):
         cache._lock, cache._threads, cache._inflight = threading.Lock(), [], {}
+        cache._turn, cache._first = threading.Condition(cache._lock), set()
         cache._queue = queue.SimpleQueue()
 
 

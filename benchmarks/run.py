@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import datagen, measure, systems
+from benchmarks import datagen, measure, pack_text, systems
 from benchmarks.table import Row, render_report, render_sections
 from benchmarks.targets import render_targets
 
@@ -50,6 +50,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per worker process")
     ap.add_argument("--out", type=Path, help="results file (default: results/<date>.md)")
     ap.add_argument("--install-only", action="store_true", help="create the peer venvs and exit")
+    ap.add_argument(
+        "--pack-text",
+        action="store_true",
+        help="run the tokenizing and image pack rows (benchmarks/pack_text.py) and exit",
+    )
     args = ap.parse_args(argv)
     args.spec = args.spec or "small"
     return args
@@ -180,6 +185,8 @@ def _rel(path: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.pack_text:
+        return pack_text.main([])
     if args.install_only:
         return sum(systems.python_of(s)[0] is None for s in systems.PEERS)
     spec = datagen.SPECS[args.spec]

@@ -264,6 +264,19 @@ def test_issue16_ring_keeps_release_before_reuse_and_unpins_what_it_drops():
     assert not fake.pinned and pool.num_pinned == 0
 
 
+def test_issue16_a_pool_dropped_without_close_unpins_its_buffers():
+    fake = FakeRegistrar()
+    pool = BufferPool(LAYOUT, 4, keep=2, registrar=fake)
+    held = pool.acquire()
+    free = pool.acquire()
+    del free, pool
+    gc.collect()
+    assert len(fake.pinned) == 2  # a batch in use keeps its pool, and the pool its buffers
+    del held
+    gc.collect()
+    assert not fake.pinned
+
+
 def test_issue16_a_buffer_the_registrar_refuses_stays_pageable():
     fake = FakeRegistrar(limit=0)
     pool = BufferPool(LAYOUT, 4, keep=1, registrar=fake)

@@ -23,6 +23,7 @@ import dataclasses
 import itertools
 import math
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -142,6 +143,12 @@ class BufferPool:
         self._keep = 0
         while self._free:
             self._drop(*self._free.popleft())
+
+    def __del__(self) -> None:
+        # a pool dropped without close: unpin its free buffers before numpy frees them
+        # (buffers in use hold the pool through their release callback)
+        if self._registrar is not None and not sys.is_finalizing():
+            self.close()
 
     def _allocate(self) -> tuple[np.ndarray, bool]:
         align = ALIGN if self._registrar is None else PAGE_BYTES

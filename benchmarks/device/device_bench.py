@@ -63,6 +63,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--cpu-smoke", action="store_true", help="CPU backend, tiny sizes")
     ap.add_argument("--out", type=Path, default=None, help="output folder (default $OUT)")
     ap.add_argument("--seconds", type=float, default=2.0, help="target seconds per measurement")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="also write a jax.profiler trace of each loader-fed step row (issue 16) to OUT/trace",
+    )
     args = ap.parse_args(argv)
     if args.cpu_smoke:
         os.environ["JAX_PLATFORMS"] = "cpu"
@@ -391,7 +396,9 @@ def _calibrate(step, batch, target_s: float, seconds: float) -> tuple[int, float
     return reps, t
 
 
-def step16_rows(jax, dev, cases: dict, per_batch: dict, seconds: float, smoke: bool) -> list:
+def step16_rows(
+    jax, dev, cases: dict, per_batch: dict, seconds: float, smoke: bool, trace: Path | None
+) -> list:
     """A jitted step fed by the Loader vs device-resident batches, steps of 2x and 8x the
     Loader's batch time; one step in flight, as a training loop runs (issue 16: >= 0.97x)."""
     from jax.sharding import SingleDeviceSharding
@@ -414,6 +421,9 @@ def step16_rows(jax, dev, cases: dict, per_batch: dict, seconds: float, smoke: b
                 it = iter(ld)
                 t_fed = _in_flight(step, reps, lambda k, it=it: next(it), seconds)
                 stats = ld.stats()
+                if trace is not None:  # the device streams and the loader thread, side by side
+                    with jax.profiler.trace(str(trace / f"{name.split()[0]}-{times}x")):
+                        _in_flight(step, reps, lambda k, it=it: next(it), min(seconds, 0.5))
             note = (
                 f"step {t_dev / per_batch[name]:.1f}x the batch time ({reps} rounds); "
                 f"device-resident {t_dev * 1e3:.2f} ms, fed {t_fed * 1e3:.2f} ms; " + _said(stats)
@@ -438,7 +448,9 @@ def _in_flight(step, reps: int, batch_at, seconds: float) -> float:
     return t
 
 
-def issue16_rows(jax, dev, root: Path, lm, seconds: float, smoke: bool) -> list[dict]:
+def issue16_rows(
+    jax, dev, root: Path, lm, seconds: float, smoke: bool, trace: Path | None = None
+) -> list[dict]:
     import roxxel
 
     rows, rates = h2d16_rows(jax, dev, seconds, smoke)
@@ -451,7 +463,7 @@ def issue16_rows(jax, dev, root: Path, lm, seconds: float, smoke: bool) -> list[
         "images 64 x 3x224x224": (big, 64, 64 * (3 * 224 * 224 + 8), 9633792),
     }
     got, per_batch = loader16_rows(jax, dev, cases, rates, seconds)
-    return rows + got + step16_rows(jax, dev, cases, per_batch, seconds, smoke)
+    return rows + got + step16_rows(jax, dev, cases, per_batch, seconds, smoke, trace)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -482,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
         got, per_batch = loader_rows(jax, dev, sources, args.seconds)
         rows += got
         rows += feed_rows(jax, dev, images, per_batch["images 256 x 3x64x64"], args.seconds, smoke)
-        rows += issue16_rows(jax, dev, Path(tmp), lm, args.seconds, smoke)
+        trace = args.out / "trace" if args.profile else None
+        rows += issue16_rows(jax, dev, Path(tmp), lm, args.seconds, smoke, trace)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "device.md").write_text(render(rows, header))
     (args.out / "device.json").write_text(json.dumps({"header": header, "rows": rows}, indent=1))

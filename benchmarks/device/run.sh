@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Device check for a lent H100/H200: host-to-device bandwidth, loader -> device, loader-fed step.
-# Usage: benchmarks/device/run.sh [--cpu-smoke] [--seconds S] [--out DIR]   (table -> $OUT/device.md)
+# Usage: benchmarks/device/run.sh [--cpu-smoke] [--seconds S] [--out DIR] [--profile]   (table -> $OUT/device.md;
+#   --profile: jax.profiler traces of the loader-fed steps of issue 16 -> $OUT/trace)
 # On the accelerator machine the image's python3 has jax with CUDA; here the project's .venv runs
 # the --cpu-smoke variant. Set PYTHON to choose another interpreter.
 set -euo pipefail

@@ -112,7 +112,22 @@ def test_issue14_host_rng_without_a_row_is_the_step_stream_of_before():
     assert host_rng(3, 4, 0).integers(1 << 62) != host_rng(3, 4).integers(1 << 62)
 
 
-def test_issue14_sharded_slices_are_keyed_by_global_row(dataset):
+def test_issue14_slices_are_keyed_by_their_first_global_row():
+    def draw(rows, rng):  # as on process 1 of 2: this block holds global rows 16..31
+        return {"x": rows["x"], "draw": np.full(len(rows["x"]), rng.integers(1 << 62))}
+
+    sliced = SlicedTransform(draw, 3)
+    try:
+        rows = np.arange(16, 32)
+        out = sliced({"x": np.zeros(16)}, rows, lambda row: host_rng(5, 9, row))
+    finally:
+        sliced.close()
+    for start, stop in slice_bounds(16):
+        expected = host_rng(5, 9, 16 + start).integers(1 << 62)
+        assert (out["draw"][start:stop] == expected).all()
+
+
+def test_issue14_sharded_batches_equal_numpy_batches_with_host_threads(dataset):
     mesh = Mesh(np.array(jax.devices()), ("data",))
     sharded = _run(dataset, 2, host_transform=_noisy_copy, host_threads=2)
     config = LoaderConfig(num_epochs=None, host_transform=_noisy_copy, host_threads=3)

@@ -106,3 +106,11 @@ def test_a_dead_worker_process_stops_the_pack_with_a_message(tmp_path, capsys):
     code = _pack(src, out, "--unit-bytes", "4K", "--workers", 2, "--map", f"{killer}:fn")
     assert code == 1 and "a worker process died" in capsys.readouterr().err
     assert not (out / "manifest.json").exists()
+
+
+def test_a_map_naming_a_missing_function_is_a_config_error(tmp_path) -> None:
+    (tmp_path / "usermap.py").write_text("def present(record):\n    return record\n")
+    spec = f"{tmp_path / 'usermap.py'}:absent"
+    with pytest.raises(ConfigError, match="has no 'absent'"):
+        ingest_pack.load_map(spec)
+    assert callable(ingest_pack.load_map(f"{tmp_path / 'usermap.py'}:present"))

@@ -119,8 +119,10 @@ def load_map(spec: str) -> MapFn:
             if os.getcwd() not in sys.path:
                 sys.path.insert(0, os.getcwd())  # like `python -m`: modules beside the user
             module = importlib.import_module(module_name)
-        fn = getattr(module, name)
-    except (ImportError, AttributeError, OSError, SyntaxError) as e:
+        fn = vars(module)[name]  # a lookup by the user's name, not a capability probe
+    except KeyError:
+        raise ConfigError(f"--map {spec!r}: {module_name} has no {name!r}") from None
+    except (ImportError, OSError, SyntaxError) as e:
         raise ConfigError(f"--map {spec!r}: cannot import ({type(e).__name__}: {e})") from None
     if not callable(fn):
         raise ConfigError(

@@ -252,3 +252,12 @@ def test_issue14_missing_extra_says_which_to_install(toks, tmp_path, monkeypatch
     monkeypatch.setitem(sys.modules, "tokenizers", None)
     with pytest.raises(ConfigError, match=r"roxxel\[tokenizers\]"):
         load_tokenizer(str(tok))
+
+
+def test_issue14_token_id_beyond_the_field_dtype_names_the_record(toks, tmp_path, capsys):
+    src = _jsonl(tmp_path / "c.jsonl", ["a", "the quick brown fox " * 3])
+    argv = [src, "-o", tmp_path / "ds", "--tokenizer", toks["hf"], "--field", "tokens:uint8[]"]
+    assert _pack(*argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"{src}:2" in err and "uint8" in err

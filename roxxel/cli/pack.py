@@ -196,8 +196,15 @@ def _schema(
     own = input_schema(units) if args.map is None and config.tokenize is None else None
     if own is not None:
         return _transformed(own, config), "from the input's own types"
-    records = (r for u in units for r, _, _ in mapped_records(u, config, BadRecords(), [0]))
+    records = (
+        r for u in units for r, _, _ in mapped_records(u, _untokenized(config), BadRecords(), [0])
+    )
     samples = list(islice(records, SAMPLE_RECORDS))
+    if config.tokenize is not None:
+        keep = TokenizeConfig.from_json(config.tokenize).keep_fields
+        if not keep:
+            return _transformed({}, config), "from --tokenizer"
+        samples = [{k: r[k] for k in keep if k in r} for r in samples]
     spec = infer_schema(
         samples,
         fixed_arrays=fixed_arrays(units),
@@ -205,6 +212,12 @@ def _schema(
         float_dtype=args.float_dtype,
     )
     return _transformed(spec, config), f"inferred from the first {len(samples)} records"
+
+
+def _untokenized(config: PackConfig) -> PackConfig:
+    """The config to sample kept fields with: the parent never encodes, so it starts no
+    tokenizer threads and the workers can still be forked."""
+    return dataclasses.replace(config, tokenize=None)
 
 
 def _transformed(spec: dict[str, str], config: PackConfig) -> dict[str, str]:

@@ -17,7 +17,7 @@ from jax.experimental import multihost_utils
 
 import roxxel
 from roxxel.loader.loader import Loader, LoaderConfig
-from roxxel.sources.records import TokenWindows
+from roxxel.sources.windows import TokenWindows
 from tests.cluster import joined, mesh_and_spec, worker_main
 
 LAYOUTS = ("dp", "fsdp", "dp_tp", "seq", "tp_across")

@@ -13,7 +13,7 @@ import roxxel
 from roxxel.errors import ConfigError
 from roxxel.loader.loader import Loader, LoaderConfig
 from roxxel.sampling.mixture import Cap, Mixture, Phase
-from roxxel.sources.records import TokenWindows
+from roxxel.sources.windows import TokenWindows
 
 if jax.device_count() < 8:
     pytest.skip(f"needs 8 CPU devices ({jax.device_count()})", allow_module_level=True)

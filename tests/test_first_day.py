@@ -20,7 +20,8 @@ from jax.sharding import PartitionSpec as P
 import roxxel
 from roxxel.errors import ConfigError, StateError
 from roxxel.loader.loader import Loader, LoaderConfig
-from roxxel.sources.records import Records, TokenWindows
+from roxxel.sources.records import Records
+from roxxel.sources.windows import TokenWindows
 
 if jax.device_count() < 8:
     pytest.skip(f"needs 8 CPU devices ({jax.device_count()})", allow_module_level=True)

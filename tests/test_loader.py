@@ -23,7 +23,7 @@ from roxxel.errors import ConfigError, StateError
 from roxxel.loader.host import BufferPool, Prefetcher, RowSpec
 from roxxel.loader.loader import Loader, LoaderConfig, host_rng
 from roxxel.loader.steps import picker_for
-from roxxel.sources.records import TokenWindows
+from roxxel.sources.windows import TokenWindows
 
 if jax.device_count() < 8:
     pytest.skip(f"needs 8 CPU devices ({jax.device_count()})", allow_module_level=True)

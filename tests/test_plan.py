@@ -222,7 +222,7 @@ def test_toml_phase_seq_len_re_cuts_token_windows_and_the_plan_counts_their_toke
     tmp_path: Path,
 ) -> None:
     import roxxel
-    from roxxel.sources.records import TokenWindows
+    from roxxel.sources.windows import TokenWindows
 
     with roxxel.DatasetWriter(tmp_path / "web", roxxel.Schema.parse({"tokens": "int32[]"})) as w:
         for i in range(40):

@@ -141,7 +141,7 @@ def test_issue11_point2_row_source_is_declared_for_the_builtin_sources_only() ->
 
 RENAMED = """
 from roxxel.protocols import CountsTokens, TokenSource
-from roxxel.sources.records import TokenWindows
+from roxxel.sources.windows import TokenWindows
 
 
 class Renamed:  # tokens_per_sample renamed

@@ -17,7 +17,7 @@ from roxxel.errors import StateError
 from roxxel.loader.loader import Loader, LoaderConfig
 from roxxel.sampling import order
 from roxxel.sampling.mixture import Cap, Mixture, Phase
-from roxxel.sources.records import TokenWindows
+from roxxel.sources.windows import TokenWindows
 
 
 def _sources(*sizes: int) -> dict[str, range]:

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 import roxxel
 from roxxel.errors import ConfigError
 from roxxel.loader.steps import picker_for
-from roxxel.sources.records import Records, TokenWindows, as_source, takes_rows
-from roxxel.sources.windows import blend_of
+from roxxel.sources.records import Records, as_source, takes_rows
+from roxxel.sources.windows import TokenWindows, blend_of
 
 SCHEMA = {"tokens": "int32[]", "label": "int64", "image": "uint8[2,3]", "text": "str"}
 

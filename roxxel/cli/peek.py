@@ -23,7 +23,8 @@ from roxxel.cli.plan import open_plan_source
 from roxxel.errors import ConfigError
 from roxxel.format.dataset import Dataset, open_dataset
 from roxxel.sampling.mixture import Mixture
-from roxxel.sources.records import Records, TokenWindows
+from roxxel.sources.records import Records
+from roxxel.sources.windows import TokenWindows
 
 __all__ = ["add_peek_parser"]
 

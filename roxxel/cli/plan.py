@@ -2,7 +2,7 @@
 
 Each ``[sources.NAME]`` table names a dataset directory by ``path``. With ``field`` and
 ``seq_len`` the source is token windows over that 1-D field (``stride`` and ``targets``
-optional, as `roxxel.sources.records.TokenWindows`); otherwise it is the dataset's records.
+optional, as `roxxel.sources.windows.TokenWindows`); otherwise it is the dataset's records.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from roxxel.errors import ConfigError
 from roxxel.format.dataset import open_dataset
 from roxxel.sampling.mixture import Mixture
 from roxxel.sampling.report import plan_report, plot_shares
-from roxxel.sources.records import TokenWindows
+from roxxel.sources.windows import TokenWindows
 
 __all__ = ["add_plan_parser", "open_plan_source"]
 

@@ -21,7 +21,8 @@ from roxxel.loader.host import RowSpec
 from roxxel.loader.steps import MixturePicker, SinglePicker, StepPicker
 from roxxel.protocols import Source
 from roxxel.sampling.mixture import Mixture
-from roxxel.sources.records import Records, TokenWindows
+from roxxel.sources.records import Records
+from roxxel.sources.windows import TokenWindows
 
 __all__ = ["Decode", "PeekRow", "peek_step", "shown_field", "source_name", "text_of"]
 

@@ -6,7 +6,7 @@ shape and dtype of each field), ``read(indices, out)`` (fill preallocated arrays
 ``fingerprint()`` (a hex string naming the content and the parameters, for resume checks).
 A source may also take ``read(indices, out, rows=rows)``: item ``indices[i]`` goes to row
 ``rows[i]`` of ``out`` (a mixture batch then needs no scratch block and no scatter).
-`Records` and `TokenWindows` (`roxxel.sources.windows`, re-exported here) are the two built in;
+`Records` and `TokenWindows` (`roxxel.sources.windows`) are the two built in;
 `as_source` turns a `Dataset` into `Records`. Sources never import jax and hold no
 per-batch state, so one pipeline thread can read them while another builds the order.
 """
@@ -31,7 +31,7 @@ from roxxel.sources.windows import (
     merge_ranges,
 )
 
-__all__ = ["Records", "Source", "TokenWindows", "as_source", "fingerprint_of", "takes_rows"]
+__all__ = ["Records", "Source", "as_source", "fingerprint_of", "takes_rows"]
 
 
 def as_source(

@@ -205,6 +205,9 @@ def _schema(
         if not keep:
             return _transformed({}, config), "from --tokenizer"
         samples = [{k: r[k] for k in keep if k in r} for r in samples]
+    if config.images is not None:  # its spec is known: the other fields are inferred
+        field = ImageConfig.from_json(config.images).field
+        samples = [{k: v for k, v in r.items() if k != field} for r in samples]
     spec = infer_schema(
         samples,
         fixed_arrays=fixed_arrays(units),
@@ -215,9 +218,9 @@ def _schema(
 
 
 def _untokenized(config: PackConfig) -> PackConfig:
-    """The config to sample kept fields with: the parent never encodes, so it starts no
-    tokenizer threads and the workers can still be forked."""
-    return dataclasses.replace(config, tokenize=None)
+    """The config to sample the other fields with: the parent never encodes or decodes (the
+    workers do; it starts no tokenizer threads, so the workers can still be forked)."""
+    return dataclasses.replace(config, tokenize=None, images=None)
 
 
 def _transformed(spec: dict[str, str], config: PackConfig) -> dict[str, str]:
@@ -228,7 +231,8 @@ def _transformed(spec: dict[str, str], config: PackConfig) -> dict[str, str]:
         return {tokens.out_field: f"{tokens.dtype}[]", **kept}
     if config.images is not None:
         images = ImageConfig.from_json(config.images)
-        return {**spec, images.field: images.spec}
+        label = {images.label_field: "int64"} if images.classes else {}
+        return {**spec, images.field: images.spec, **label}
     return spec
 
 

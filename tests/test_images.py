@@ -184,3 +184,8 @@ def test_issue14_missing_pillow_says_which_extra(folder, tmp_path, monkeypatch, 
     monkeypatch.setitem(sys.modules, "PIL.Image", None)
     assert _pack(folder, "-o", tmp_path / "ds", "--image-size", "8x8") == 1
     assert "roxxel[images]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--channels-last", "--image-pad"])
+def test_issue14_image_options_without_image_size_are_usage_errors(folder, tmp_path, flag):
+    assert _pack(folder, "-o", tmp_path / "ds", "--keep-encoded", flag) == 2

@@ -261,3 +261,9 @@ def test_issue14_token_id_beyond_the_field_dtype_names_the_record(toks, tmp_path
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert f"{src}:2" in err and "uint8" in err
+
+
+@pytest.mark.parametrize("flag", [["--append-eos"], ["--eos-id", "3"], ["--keep-field", "url"]])
+def test_issue14_tokenizer_options_without_tokenizer_are_usage_errors(tmp_path, flag):
+    src = _jsonl(tmp_path / "c.jsonl", _texts(3))
+    assert _pack(src, "-o", tmp_path / "ds", *flag) == 2

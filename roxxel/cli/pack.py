@@ -184,6 +184,11 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError("--field and --schema: give the schema one way")
     if args.tokenizer is not None and (args.image_size or args.keep_encoded):
         raise UsageError("--tokenizer and --image-size/--keep-encoded: pack text or images")
+    text_only = args.append_eos or args.prepend_bos or args.eos_id is not None or args.keep_field
+    if text_only and args.tokenizer is None:
+        raise UsageError("--append-eos/--prepend-bos/--eos-id/--keep-field: expected --tokenizer")
+    if (args.channels_last or args.image_pad) and not args.image_size:
+        raise UsageError("--channels-last/--image-pad: expected --image-size HxW")
 
 
 def _schema(

@@ -484,3 +484,20 @@ def test_issue13_item6_nested_lists_come_as_one_array_of_their_own_dtype():
     assert got == [(rows[1], 1), (rows[2], 2)]
     # ragged inner lists have no one shape: one array per record, of the element type
     assert [r.dtype for r in block.columns["ragged"]] == [np.float32, np.float32]
+
+
+def test_issue12_an_empty_nested_list_into_a_token_field_is_a_clear_error(tmp_path) -> None:
+    """Found by tests/test_hostile_inputs.py: ``{"x": [[]]}`` with ``--field x:int32[]`` raised
+    numpy's "argmax of an empty sequence" (a traceback from the CLI)."""
+    import contextlib
+    import io
+
+    from roxxel.cli import main as cli_main
+
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"x": [[]]}\n')
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = cli_main(["pack", str(source), "-o", str(tmp_path / "out"), "--field", "x:int32[]"])
+    assert code == 1 and err.getvalue().count("\n") == 1, err.getvalue()
+    assert "in.jsonl" in err.getvalue()

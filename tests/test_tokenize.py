@@ -267,3 +267,23 @@ def test_issue14_token_id_beyond_the_field_dtype_names_the_record(toks, tmp_path
 def test_issue14_tokenizer_options_without_tokenizer_are_usage_errors(tmp_path, flag):
     src = _jsonl(tmp_path / "c.jsonl", _texts(3))
     assert _pack(src, "-o", tmp_path / "ds", *flag) == 2
+
+
+def test_issue14_hf_save_to_disk_text_column_with_a_kept_field(toks, tmp_path):
+    texts = _texts(40)
+    d = tmp_path / "hf"
+    d.mkdir()
+    table = pa.table({"text": texts, "id": pa.array(range(40), pa.int32())})
+    with pa.ipc.new_stream(str(d / "data-00000-of-00001.arrow"), table.schema) as w:
+        w.write_table(table)
+    (d / "state.json").write_text(
+        json.dumps({"_data_files": [{"filename": "data-00000-of-00001.arrow"}]})
+    )
+    out = tmp_path / "ds"
+    assert _pack(d, "-o", out, "--tokenizer", toks["hf"], "--keep-field", "id", "--workers", 2) == 0
+    tok = tokenizers.Tokenizer.from_file(str(toks["hf"]))
+    ds = roxxel.open_dataset(out)
+    assert ds.schema.to_json() == {"tokens": "uint16[]", "id": "int32"}
+    for i, text in enumerate(texts):
+        assert ds[i]["tokens"].tolist() == tok.encode(text, add_special_tokens=False).ids
+        assert ds[i]["id"] == i

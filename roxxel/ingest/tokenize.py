@@ -76,8 +76,8 @@ def file_sha256(path: str) -> str:
 def token_dtype(vocab_size: int) -> str:
     """The smallest dtype holding ids [0, vocab_size).
 
-    >>> token_dtype(50_257), token_dtype(65_536), token_dtype(200_019)
-    ('uint16', 'uint32', 'uint32')
+    >>> token_dtype(50_257), token_dtype(65_536), token_dtype(65_537), token_dtype(200_019)
+    ('uint16', 'uint16', 'uint32', 'uint32')
     """
     return "uint16" if vocab_size <= 1 << 16 else "uint32"
 

@@ -324,7 +324,7 @@ def test_issue16_loader_gathers_into_the_pinned_ring(dataset, monkeypatch):
 
     monkeypatch.setattr(loader_module, "registrar_for", fake_for)
     mesh = Mesh(np.array(jax.devices()), ("data",))
-    config = LoaderConfig(num_epochs=None)
+    config = LoaderConfig(num_epochs=None, pin_host=True)
     loader = Loader(dataset, 16, seed=7, sharding=(mesh, P("data")), config=config)
     with loader:
         got = [{k: np.asarray(v) for k, v in next(loader).items()} for _ in range(6)]

@@ -79,7 +79,8 @@ class LoaderConfig:
             slice's rows first; fields the transform returns in place cost no copy.
         pin_host: stage batches bound for CUDA devices in page-locked host buffers (the
             gather writes into them; the copy to the device runs at the link's full rate);
-            no effect on CPU, or where the CUDA runtime does not load.
+            no effect on CPU, or where the CUDA runtime does not load. Off by default until
+            it has been measured on a GPU (``benchmarks/device/run.sh``).
         device_transform: ``fn(batch, key) -> batch``, jitted, applied after placement;
             ``key`` is ``jax.random.fold_in(jax.random.key(seed), step)``.
         max_batch_bytes: the most host bytes one global batch may take (its rows times the
@@ -99,7 +100,7 @@ class LoaderConfig:
     readahead: int = 2
     host_transform: Callable[[Batch, np.random.Generator], Batch] | None = None
     host_threads: int | None = None
-    pin_host: bool = True
+    pin_host: bool = False
     device_transform: Callable[[Batch, Any], Batch] | None = None
     max_batch_bytes: int = 1 << 32
 

@@ -287,3 +287,26 @@ def test_issue14_hf_save_to_disk_text_column_with_a_kept_field(toks, tmp_path):
     for i, text in enumerate(texts):
         assert ds[i]["tokens"].tolist() == tok.encode(text, add_special_tokens=False).ids
         assert ds[i]["id"] == i
+
+
+def test_issue13_item11_peek_decodes_with_the_tokenizer_the_pack_recorded(toks, tmp_path, capsys):
+    """`roxxel peek` of a dataset packed with --tokenizer prints each row as that tokenizer's
+    text, and falls back to numbers once the tokenizer file changed."""
+    texts = _texts(40)
+    out = tmp_path / "ds"
+    assert _pack(_jsonl(tmp_path / "c.jsonl", texts), "-o", out, "--tokenizer", toks["hf"]) == 0
+    argv = ["peek", str(out), "--step", "0", "--batch-size", "2", "--no-shuffle", "--json"]
+    capsys.readouterr()
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line]
+    tok = tokenizers.Tokenizer.from_file(str(toks["hf"]))
+    assert [row["text"] for row in rows] == [tok.decode(tok.encode(t).ids) for t in texts[:2]]
+    changed = tmp_path / "ds-tok.json"
+    changed.write_bytes(toks["hf"].read_bytes() + b" ")
+    meta_path = out / "manifest.json"
+    doc = json.loads(meta_path.read_text())
+    doc["metadata"]["tokenizer"]["path"] = str(changed)
+    meta_path.write_text(json.dumps(doc))
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line]
+    assert all(row["text"] is None for row in rows)

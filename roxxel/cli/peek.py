@@ -22,6 +22,7 @@ from roxxel.cli.args import UsageError
 from roxxel.cli.plan import open_plan_source
 from roxxel.errors import ConfigError
 from roxxel.format.dataset import Dataset, open_dataset
+from roxxel.ingest.tokenize import file_sha256
 from roxxel.sampling.mixture import Mixture
 from roxxel.sources.records import Records
 from roxxel.sources.windows import TokenWindows
@@ -133,12 +134,24 @@ def _datasets(mixture: Mixture) -> list[Dataset]:
 
 def _tokenizer(datasets: list[Dataset]) -> Any:
     """``decode`` of the tokenizer the datasets' metadata names (one file for all), when
-    it exists and the optional ``tokenizers`` package is installed; else None."""
+    it exists unchanged and the optional ``tokenizers`` package is installed; else None.
+
+    The name is either a path (relative to the dataset) or what ``roxxel pack --tokenizer``
+    records: ``{"kind": "hf", "path": ..., "sha256": ...}``; only an HF ``tokenizer.json``
+    decodes here, and only while its sha256 is still the one it packed with.
+    """
     files = set()
     for dataset in datasets:
-        name = dataset.metadata.get("tokenizer")
-        if isinstance(name, str) and name:
-            files.add(dataset.path / name)  # an absolute name stays itself
+        named = dataset.metadata.get("tokenizer")
+        if isinstance(named, dict):
+            if named.get("kind") != "hf" or not isinstance(named.get("path"), str):
+                return None
+            file = dataset.path / named["path"]  # an absolute path stays itself
+            if not file.is_file() or named.get("sha256") != file_sha256(str(file)):
+                return None
+            files.add(file)
+        elif isinstance(named, str) and named:
+            files.add(dataset.path / named)
     if len(files) != 1 or not (file := files.pop()).is_file():
         return None
     try:  # optional: a look at a batch works without it

@@ -394,3 +394,30 @@ def _assert_same(got, expected):
         assert a.keys() == b.keys()
         for key in a:
             np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_an_iterator_left_open_at_exit_prints_nothing(tmp_path):
+    """A script that leaves a Loader's iterator half-way and exits: its generator is
+    finalized while the interpreter tears modules down; that must be silent (no
+    "Exception ignored ... TypeError" on stderr)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "left_open.py"
+    script.write_text(
+        "import numpy as np, roxxel\n"
+        f"with roxxel.DatasetWriter({str(tmp_path / 'ds')!r}, {{'t': 'int32[]'}}) as w:\n"
+        "    for _ in range(4): w.write({'t': np.arange(5000, dtype=np.int32)})\n"
+        f"ds = roxxel.open_dataset({str(tmp_path / 'ds')!r})\n"
+        "src = roxxel.TokenWindows(ds, 't', 16)\n"
+        "ld = roxxel.Loader(src, 4, seed=0, config=roxxel.LoaderConfig(num_epochs=None))\n"
+        "it = iter(ld)\n"
+        "for _ in range(3): next(it)\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+    assert done.stderr == ""

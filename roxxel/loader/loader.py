@@ -317,12 +317,16 @@ class Loader:
         return peek_step(self._picker, step, rows, field=field, decode=decode)
 
     def __iter__(self) -> Iterator[Batch]:
+        # a generator left open is closed at exit, maybe after module globals are gone:
+        # keep what the check needs in the frame; the daemon pipeline thread dies anyway
+        exiting = sys.is_finalizing
         try:
             while (batch := self._next_or_none()) is not None:
                 yield batch
                 del batch
         finally:
-            self._stop_pipeline()
+            if not exiting():
+                self._stop_pipeline()
 
     def __next__(self) -> Batch:
         batch = self._next_or_none()

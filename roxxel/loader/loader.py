@@ -86,6 +86,12 @@ class LoaderConfig:
         max_batch_bytes: the most host bytes one global batch may take (its rows times the
             bytes of a row, plus 16 bytes of bookkeeping a row), checked when the loader is
             built, before anything is allocated; default 4 GiB. Raise it for larger batches.
+        shuffle_group_shards: None (the default) shuffles every epoch globally. An int G
+            >= 1 keeps locality instead: each epoch shuffles the shards, then the records
+            (or token windows) within each group of G consecutive shards of that list
+            (`roxxel.sampling.order.ShardGroups`, rule S15 of docs/sampling.md), so only
+            about G shards are read at a time: for a dataset whose shard cache is smaller
+            than the dataset (docs/loading.md). A single Records or TokenWindows source only.
 
     Raises:
         ConfigError: on construction, for a value outside the ranges above.
@@ -103,6 +109,7 @@ class LoaderConfig:
     pin_host: bool = False
     device_transform: Callable[[Batch, Any], Batch] | None = None
     max_batch_bytes: int = 1 << 32
+    shuffle_group_shards: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_epochs is not None and (not _is_int(self.num_epochs) or self.num_epochs < 1):
@@ -118,16 +125,21 @@ class LoaderConfig:
             check_int("loader: host_threads", self.host_threads, 1, 256)
         if not isinstance(self.pin_host, bool):
             _bad("pin_host", self.pin_host, "True or False")
+        if self.shuffle_group_shards is not None:
+            check_int("loader: shuffle_group_shards", self.shuffle_group_shards, 1)
         if self.fields is not None:
             object.__setattr__(self, "fields", tuple(self.fields))
 
     def order_json(self) -> dict[str, Any]:
         """The options that decide what each step contains (part of the fingerprint)."""
-        return {
+        options = {
             "num_epochs": self.num_epochs,
             "final_batch": self.final_batch,
             "provenance": self.provenance,
         }
+        if self.shuffle_group_shards is not None:  # only when set: older states still match
+            options["shuffle_group_shards"] = self.shuffle_group_shards
+        return options
 
 
 def host_rng(seed: int, step: int, row: int | None = None) -> np.random.Generator:
@@ -204,7 +216,12 @@ class Loader:
         if batch_size is not None:  # numpy ints too, like everywhere else
             batch_size = check_int("loader: batch_size", batch_size, 1)
         self._picker: StepPicker = picker_for(
-            source, batch_size, self.config, seed=self._seed, shuffle=shuffle
+            source,
+            batch_size,
+            self.config,
+            seed=self._seed,
+            shuffle=shuffle,
+            group_shards=self.config.shuffle_group_shards,
         )
         _check_step(self._picker, self._step, "loader: start_step", ConfigError)
         self._sharding = _resolve_sharding(sharding)

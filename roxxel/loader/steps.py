@@ -19,7 +19,7 @@ from roxxel.errors import ConfigError
 from roxxel.loader.host import RowSpec
 from roxxel.protocols import MixtureLike, Source
 from roxxel.sampling import order
-from roxxel.sources.records import as_source, takes_rows
+from roxxel.sources.records import as_source, shard_starts_of, takes_rows
 from roxxel.sources.windows import blend_of
 
 __all__ = ["Pick", "StepPicker", "picker_for"]
@@ -67,15 +67,34 @@ class StepPicker(Protocol):
 
 
 def picker_for(
-    source: Any, batch_size: int | None, config: Any, *, seed: int, shuffle: bool
+    source: Any,
+    batch_size: int | None,
+    config: Any,
+    *,
+    seed: int,
+    shuffle: bool,
+    group_shards: int | None = None,
 ) -> StepPicker:
-    """The plan for a source (a Mixture or anything `views.as_source` accepts).
+    """The plan for a source (a Mixture or anything `views.as_source` accepts); with
+    ``group_shards`` (``LoaderConfig.shuffle_group_shards``), a single source is shuffled
+    within shard groups (`order.ShardGroups`).
 
     Raises:
-        ConfigError: a bad batch size, or mixture sources whose fields differ.
+        ConfigError: a bad batch size, mixture sources whose fields differ, or
+            ``group_shards`` with ``shuffle=False``, a Mixture or a source without shards.
     """
     kwargs = {"fields": config.fields, "max_len": config.max_len}
+    if group_shards is not None and not shuffle:
+        raise ConfigError(
+            f"loader: shuffle_group_shards with shuffle=False ({group_shards}, expected None: "
+            "shard groups are a shuffle)"
+        )
     if isinstance(source, MixtureLike):
+        if group_shards is not None:
+            raise ConfigError(
+                f"loader: shuffle_group_shards with a Mixture ({group_shards}, expected None: "
+                "a mixture orders its sources itself)"
+            )
         if not shuffle:
             raise ConfigError(
                 "loader: shuffle=False with a Mixture (False, expected the default: a "
@@ -86,8 +105,11 @@ def picker_for(
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ConfigError(f"loader: batch_size ({batch_size!r}, expected an int >= 1)")
     single = as_source(source, **kwargs)
+    groups = None
+    if group_shards is not None:
+        groups = order.ShardGroups(shard_starts_of(single, "loader"), group_shards)
     return SinglePicker(
-        single, batch_size, config.num_epochs, config.final_batch == "drop", (seed, shuffle)
+        single, batch_size, config.num_epochs, config.final_batch == "drop", (seed, shuffle), groups
     )
 
 
@@ -177,8 +199,9 @@ class SinglePicker:
         num_epochs: int | None,
         drop: bool,
         keys: tuple[int, bool],
+        groups: order.ShardGroups | None = None,
     ) -> None:
-        self.source, self.batch_size = source, batch_size
+        self.source, self.batch_size, self.groups = source, batch_size, groups
         self.num_epochs, self.drop = num_epochs, drop
         self.seed, self.shuffle = keys
         self.num_items = len(source)
@@ -219,9 +242,12 @@ class SinglePicker:
         num_steps = min(num_steps, self._num_steps_max - first)
         steps = np.arange(first, first + num_steps, dtype=np.int64)[:, None]
         draws = (steps * self.batch_size + rows.astype(np.int64)[None, :]).ravel()
-        records = order.records_for_draws(
-            self.num_items, draws, seed=self.seed, source=0, shuffle=self.shuffle
-        )
+        if self.groups is not None:  # LoaderConfig.shuffle_group_shards
+            records = self.groups.records(draws, seed=self.seed, source=0)
+        else:
+            records = order.records_for_draws(
+                self.num_items, draws, seed=self.seed, source=0, shuffle=self.shuffle
+            )
         return num_steps, _readonly(np.asarray(records, np.int64).reshape(num_steps, len(rows)))
 
     def fill(self, pick: Pick, host: Mapping[str, np.ndarray]) -> None:

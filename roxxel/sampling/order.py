@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -21,8 +22,10 @@ __all__ = [
     "MAX_POSITION",
     "MAX_STEP",
     "KeyedPermutation",
+    "ShardGroups",
     "check_count",
     "epoch_key",
+    "group_key",
     "records_for_draws",
     "records_for_sources",
 ]
@@ -333,3 +336,167 @@ def _epoch_source_pairs(
         return pair_epochs, pair_sources, inverse.ravel()
     pairs, inverse = np.unique(np.stack([epochs, sources]), axis=1, return_inverse=True)
     return pairs[0], pairs[1], inverse.ravel()
+
+
+def group_key(seed: int, source: int | str, epoch: int, group: int | None) -> int:
+    """The 64-bit key of the shard shuffle of one epoch (``group=None``), or of the records
+    of one shard group of that epoch, under `ShardGroups` (rule S15 of docs/sampling.md).
+
+    BLAKE2b (8-byte digest, personalized ``roxxel.groups``, so no key ever equals an
+    `epoch_key`) of ``"<seed>|<int|str>:<source>|<epoch>|shards"`` or ``...|group=<g>``.
+
+    >>> group_key(0, 0, 0, None) != group_key(0, 0, 0, 0) != group_key(0, 0, 0, 1)
+    True
+    """
+    seed = _check_int("group_key: seed", seed, 0)
+    epoch = _check_int("group_key: epoch", epoch, 0)
+    if isinstance(source, bool) or not isinstance(source, int | str):
+        raise ConfigError(f"group_key: source ({source!r}, expected an int or a str)")
+    part = "shards" if group is None else f"group={_check_int('group_key: group', group, 0)}"
+    kind = "str" if isinstance(source, str) else "int"
+    text = f"{seed}|{kind}:{source}|{epoch}|{part}".encode()
+    digest = hashlib.blake2b(text, digest_size=8, person=b"roxxel.groups").digest()
+    return int.from_bytes(digest, "little")
+
+
+class _EpochGroups:
+    """One epoch's shard shuffle under `ShardGroups`, as O(num_shards) integer tables.
+
+    Slot ``j`` of the shuffled list holds the shard whose first item is ``first[j]``; its
+    items take epoch positions ``[starts[j], starts[j + 1])``, and shard group ``g`` takes
+    ``[group_starts[g], group_starts[g + 1])``.
+    """
+
+    __slots__ = ("first", "group_starts", "starts")
+
+    def __init__(self, first: np.ndarray, starts: np.ndarray, group_starts: np.ndarray) -> None:
+        self.first, self.starts, self.group_starts = first, starts, group_starts
+
+
+class ShardGroups:
+    """A shuffle that keeps locality: shards shuffled per epoch, records within groups.
+
+    Items ``[shard_starts[k], shard_starts[k + 1])`` of a source live in shard ``k``. In
+    epoch ``e`` the shards that hold items are put in the order of
+    ``KeyedPermutation(S, group_key(seed, source, e, None))``, that list is cut into groups
+    of ``group_shards`` consecutive shards (the last may be smaller), and the epoch reads the
+    groups one after the other, each in the order of ``KeyedPermutation(m_g, group_key(seed,
+    source, e, g))`` over its ``m_g`` items (rule S15 of docs/sampling.md). So a stretch of
+    draws inside one group touches only its ``group_shards`` shards, and every epoch still
+    reads every item exactly once.
+
+    Draw ``d`` -> record is a pure function of ``(seed, source, d)``, the shard layout and
+    ``group_shards``: O(log S) per draw after an O(S) table per epoch (cached for the
+    latest few epochs), never a replay; thread-safe.
+
+    >>> groups = ShardGroups([0, 3, 3, 7, 10], group_shards=1)  # shard 1 holds no item
+    >>> records = groups.records(np.arange(20), seed=0, source=0)
+    >>> sorted(records[:10].tolist()) == sorted(records[10:].tolist()) == list(range(10))
+    True
+    >>> records[10:].tolist()  # epoch 1: shard 2, shard 0, shard 3, each shuffled
+    [4, 5, 6, 3, 0, 1, 2, 8, 7, 9]
+
+    Raises:
+        ConfigError: ``shard_starts`` that do not start at 0 or decrease, or
+            ``group_shards < 1``.
+    """
+
+    __slots__ = ("_first", "_lock", "_sizes", "_tables", "group_shards", "num_items")
+
+    _NUM_TABLES = 4  # the epochs whose tables are kept: a batch meets one or two
+
+    def __init__(self, shard_starts: Sequence[int] | np.ndarray, group_shards: int) -> None:
+        starts = np.asarray(shard_starts)
+        where = "ShardGroups: shard_starts"
+        if starts.ndim != 1 or len(starts) < 1 or starts.dtype.kind not in "iu":
+            raise ConfigError(f"{where}: not a 1-D integer array ({starts!r}, expected [0, ...])")
+        starts = starts.astype(np.int64)
+        if int(starts[0]) != 0 or (np.diff(starts) < 0).any() or int(starts[-1]) > MAX_POSITION:
+            found = starts[:8].tolist()
+            raise ConfigError(
+                f"{where}: not item starts ({found}, expected 0, then non-decreasing, up to 2**62)"
+            )
+        self.group_shards = _check_int("ShardGroups: group_shards", group_shards, 1)
+        sizes = np.diff(starts)
+        held = np.flatnonzero(sizes)  # shards without items take no slot in a group
+        self._first, self._sizes = starts[held], sizes[held]
+        self.num_items = int(starts[-1])
+        self._tables: dict[tuple[int, int | str, int], _EpochGroups] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardGroups(num_items={self.num_items}, num_shards={len(self._sizes)}, "
+            f"group_shards={self.group_shards})"
+        )
+
+    def records(self, draws: object, *, seed: int, source: int | str) -> np.ndarray:
+        """The record each draw reads (same shape as ``draws``): see the class docstring.
+
+        Raises:
+            ConfigError: a source without items, or a draw at or past `MAX_POSITION`.
+            IndexError: a negative draw.
+            TypeError: draws that are not integers.
+        """
+        if not self.num_items:
+            raise ConfigError("ShardGroups: no items to draw from (0, expected >= 1)")
+        d = as_draws("ShardGroups.records", draws)
+        shape, d = d.shape, d.ravel()
+        epochs, positions = np.divmod(d, self.num_items)
+        out = np.empty_like(positions)
+        for epoch in np.unique(epochs).tolist():
+            mask = epochs == epoch
+            out[mask] = self._epoch_records(seed, source, epoch, positions[mask])
+        return out.reshape(shape)
+
+    def _epoch_records(
+        self, seed: int, source: int | str, epoch: int, positions: np.ndarray
+    ) -> np.ndarray:
+        table = self._table(seed, source, epoch)
+        bounds = table.group_starts
+        groups = np.searchsorted(bounds, positions, side="right") - 1
+        unique, inverse = np.unique(groups, return_inverse=True)
+        perms = [
+            _group_permutation(int(bounds[g + 1] - bounds[g]), seed, source, epoch, g)
+            for g in unique.tolist()
+        ]
+        inverse = inverse.ravel()
+        radix_a = np.asarray([p._radix_a for p in perms], np.uint64)[inverse]
+        radix_b = np.asarray([p._radix_b for p in perms], np.uint64)[inverse]
+        keys = np.asarray([p._keys for p in perms], np.uint64)[inverse]
+        sizes = (bounds[groups + 1] - bounds[groups]).astype(np.uint64)
+        network = _Network(radix_a, radix_b, list(keys.T), sizes)
+        local = network.walk((positions - bounds[groups]).astype(np.uint64), backward=False)
+        shuffled = bounds[groups] + local.astype(np.int64)  # within the group's shards
+        slots = np.searchsorted(table.starts, shuffled, side="right") - 1
+        return table.first[slots] + (shuffled - table.starts[slots])
+
+    def _table(self, seed: int, source: int | str, epoch: int) -> _EpochGroups:
+        key = (seed, source, epoch)
+        table = self._tables.get(key)
+        if table is None:
+            num_shards = len(self._sizes)
+            shard_key = group_key(seed, source, epoch, None)
+            slots = _epoch_permutation_keyed(num_shards, shard_key)(np.arange(num_shards))
+            starts = np.concatenate([[0], np.cumsum(self._sizes[slots])])
+            group_starts = starts[np.r_[0 : num_shards : self.group_shards, num_shards]]
+            table = _EpochGroups(self._first[slots], starts, group_starts)
+            with self._lock:
+                while len(self._tables) >= self._NUM_TABLES:
+                    self._tables.pop(next(iter(self._tables)))
+                self._tables[key] = table
+        return table
+
+
+@functools.lru_cache(maxsize=64)
+def _epoch_permutation_keyed(num_items: int, key: int) -> KeyedPermutation:
+    """A permutation by its key (the shard shuffles of `ShardGroups`); cached."""
+    return KeyedPermutation(num_items, key)
+
+
+@functools.lru_cache(maxsize=4096, typed=True)
+def _group_permutation(
+    num_items: int, seed: int, source: int | str, epoch: int, group: int
+) -> KeyedPermutation:
+    """The record order inside one shard group of one epoch; cached (a batch meets few)."""
+    return KeyedPermutation(num_items, group_key(seed, source, epoch, group))

@@ -31,7 +31,7 @@ from roxxel.sources.windows import (
     merge_ranges,
 )
 
-__all__ = ["Records", "Source", "as_source", "fingerprint_of", "takes_rows"]
+__all__ = ["Records", "Source", "as_source", "fingerprint_of", "shard_starts_of", "takes_rows"]
 
 
 def as_source(
@@ -92,6 +92,11 @@ class Records:
 
     def __len__(self) -> int:
         return int(self.dataset.num_records)
+
+    @property
+    def shard_starts(self) -> np.ndarray:
+        """The first record of each shard, then ``len(self)`` (int64, num_shards + 1)."""
+        return self.dataset.shard_starts.copy()
 
     def read(
         self, indices: np.ndarray, out: Mapping[str, np.ndarray], rows: np.ndarray | None = None
@@ -174,6 +179,21 @@ def takes_rows(source: object) -> TypeGuard[RowSource]:
     (True, False)
     """
     return isinstance(source, Records | TokenWindows)
+
+
+def shard_starts_of(source: Source, where: str) -> np.ndarray:
+    """The first item of each shard of a built-in source, then ``len(source)``: what
+    `roxxel.sampling.order.ShardGroups` groups by.
+
+    Raises:
+        ConfigError: a source other than `Records` and `TokenWindows` (no shard layout).
+    """
+    if isinstance(source, Records | TokenWindows):
+        return source.shard_starts
+    raise ConfigError(
+        f"{where}: a source without a shard layout ({type(source).__name__}, expected "
+        "Records, TokenWindows or a Dataset)"
+    )
 
 
 def _record_layout(fields: Sequence[Any], max_len: Mapping[str, int]) -> RowFields:

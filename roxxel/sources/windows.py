@@ -223,6 +223,14 @@ class TokenWindows(_Stream):
         return self._num_windows
 
     @property
+    def shard_starts(self) -> np.ndarray:
+        """The first window of each shard, then ``len(self)`` (int64, num_shards + 1): a
+        window belongs to the shard its first element is in (the order of
+        ``LoaderConfig.shuffle_group_shards`` groups windows by it)."""
+        firsts = -(-self._starts[:-1] // self.stride)  # the first window starting in each
+        return np.append(np.minimum(firsts, self._num_windows), self._num_windows)
+
+    @property
     def num_elements(self) -> int:
         return int(self._starts[-1])
 

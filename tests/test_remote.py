@@ -252,6 +252,123 @@ def test_cache_limit_evicts_least_recently_used_shards_no_mapping_holds(local, t
     np.testing.assert_array_equal(pinned, np.arange(0, dtype=np.int32))
 
 
+# --- issue 15, speed: fewer requests and checks per shard, fetching ahead without faults ----
+
+
+def _counting_reads(cache: ShardCache) -> list[tuple[str, int, int | None]]:
+    """Record each ranged read of the cache's store; refuse size requests (a fetch needs none)."""
+    reads: list[tuple[str, int, int | None]] = []
+    read = cache.store.read
+
+    def counted(name, start=0, stop=None):
+        reads.append((name, start, stop))
+        return read(name, start, stop)
+
+    def no_size(name):
+        raise AssertionError(f"a size request for {name}")
+
+    cache.store.read = counted  # type: ignore[method-assign]
+    cache.store.size = no_size  # type: ignore[method-assign]
+    return reads
+
+
+def test_issue15_speed_a_shard_is_fetched_in_one_get_without_a_size_request(local, tmp_path):
+    cache = ShardCache(CacheConfig(f"file://{local}", tmp_path, policy=FAST))
+    entries = cache.read_manifest().shards
+    reads = _counting_reads(cache)
+    for entry in entries:
+        cache.fetch(entry)
+    assert reads == [(e.path, 0, e.num_bytes + 1) for e in entries]
+    assert all(cache.is_current(e) for e in entries)
+
+
+def test_issue15_speed_chunked_reads_end_one_byte_past_the_entry(local, tmp_path):
+    policy = FetchPolicy(attempts=2, backoff_s=0.0, chunk_bytes=4096)
+    big = _write(tmp_path / "big", shard_bytes=1 << 16)
+    cache = ShardCache(CacheConfig(f"file://{big}", tmp_path / "cache", policy=policy))
+    entry = cache.read_manifest().shards[0]
+    assert entry.num_bytes > 2 * 4096
+    reads = _counting_reads(cache)
+    cache.fetch(entry)
+    starts = list(range(0, entry.num_bytes, 4096))
+    assert [r[1] for r in reads] == starts and reads[-1][2] == entry.num_bytes + 1
+    assert all(stop == start + 4096 for _, start, stop in reads[:-1])
+
+
+@pytest.mark.parametrize(("change", "found"), [(b"extra", "more than"), (None, "at most")])
+def test_issue15_speed_an_object_longer_or_shorter_than_its_entry_is_refused_m8(
+    local, tmp_path, change, found
+):
+    served = tmp_path / "served"
+    served.mkdir()
+    for name in os.listdir(local):
+        (served / name).write_bytes((local / name).read_bytes())
+    cache = ShardCache(CacheConfig(f"file://{served}", tmp_path / "cache", policy=FAST))
+    entry = cache.read_manifest().shards[1]
+    data = (served / entry.path).read_bytes()
+    (served / entry.path).write_bytes(data + change if change else b"")
+    _counting_reads(cache)  # refused from the reads alone
+    with pytest.raises(FormatError) as caught:
+        cache.fetch(entry)
+    assert caught.value.rule == "M8" and caught.value.path == f"file://{served}/{entry.path}"
+    assert found in str(caught.value) and not cache.is_current(entry)
+
+
+def test_issue15_speed_a_shard_this_cache_published_is_not_checked_again(local, tmp_path):
+    cache = ShardCache(CacheConfig(f"file://{local}", tmp_path, policy=FAST))
+    entry = cache.read_manifest().shards[0]
+    path = cache.fetch(entry)
+    looked = []
+    current = cache.is_current
+    cache.is_current = lambda e: looked.append(e.path) or current(e)  # type: ignore[method-assign]
+    assert cache.fetch(entry) == path and looked == []
+
+
+def test_issue15_speed_a_shard_evicted_by_another_process_is_fetched_again(local, tmp_path):
+    dataset = _open(f"file://{local}", tmp_path)
+    assert dataset.cache is not None
+    entry = dataset.manifest.shards[0]
+    dataset.cache.fetch(entry)
+    (dataset.path / entry.path).unlink()  # another process's eviction, before we map it
+    assert int(dataset[0]["label"]) == 0
+    assert dataset.cache.num_fetched == 2 and entry.path in _published(dataset)
+
+
+def test_issue15_speed_a_range_past_an_s3_objects_end_reads_no_bytes(s3):
+    s3.fs.pipe_file("roxxel-data/short", b"0123456789")
+    s3.fs.pipe_file("roxxel-data/empty", b"")
+    store = RemoteStore("s3://roxxel-data", s3.options, FAST)
+    assert store.read("short", 5, 20) == b"56789"
+    assert store.read("short", 10, 20) == b"" and store.read("empty", 0, 5) == b""
+
+
+def test_issue15_speed_prefetch_counts_requested_and_queued_fetches(local, tmp_path):
+    from roxxel.format.cache import num_queued, num_requested
+
+    cache = ShardCache(CacheConfig(f"file://{local}", tmp_path, max_fetches=1, policy=FAST))
+    first, *rest = cache.read_manifest().shards[:4]
+    release, started = threading.Event(), threading.Event()
+    read = cache.store.read
+
+    def stalled(name, start=0, stop=None):
+        if name == first.path:
+            started.set()
+            release.wait()
+        return read(name, start, stop)
+
+    cache.store.read = stalled  # type: ignore[method-assign]
+    before = num_requested()
+    cache.prefetch([first])
+    assert started.wait(30)
+    cache.prefetch(rest)
+    cache.prefetch(rest)  # already queued: not asked for again
+    assert num_requested() - before == 4 and num_queued() == len(rest)
+    release.set()
+    cache.wait()
+    assert num_queued() == 0
+    cache.close()
+
+
 # --- kill -9 during a fetch ------------------------------------------------------------------
 
 _KILLED_FETCHER = """
@@ -584,5 +701,4 @@ def test_pack_to_a_url_stages_then_uploads_manifest_last(s3, tmp_path, monkeypat
     dataset = _open(url, tmp_path / "read", s3.options)
     assert _labels(dataset) == list(range(50))
     assert not (tmp_path / "cache" / "staging" / dataset.path.name).exists()  # removed
-    args = ["pack", str(source), "-o", url, "--num-tasks", "2", "--task-index", "0"]
-    assert main(args) == 2  # one task packs to a URL; several go through shared storage
+    # several tasks packing to one URL: tests/test_remote_pack.py

@@ -15,7 +15,12 @@ gets without waiting, i.e. that no process maps. A file left by a fetcher killed
 ``.part`` file, never a shard; the next fetch of that shard removes it.
 
 Within a process: at most ``max_fetches`` downloads run at once (daemon threads for
-`prefetch`: a download in flight never holds up the interpreter's exit); a shard wanted now that is still queued is fetched at once by the caller.
+`prefetch`: a download in flight never holds up the interpreter's exit); a shard wanted now
+that is still queued is fetched at once by the caller. A download is one ranged GET per
+``chunk_bytes`` (no size request first: the last read asks for one byte past the entry's end,
+so an object longer or shorter than the manifest says shows in the reads). `num_requested`
+and `num_queued` tell the Loader whether fetches are still being asked for and how many wait,
+so it reads ahead for the cache independently of page faults.
 """
 
 from __future__ import annotations
@@ -49,11 +54,28 @@ from roxxel.format.manifest import (
 from roxxel.format.reader import Shard, read_trailer
 from roxxel.format.remote import FetchPolicy, RemoteStore, join_url
 
-__all__ = ["CacheConfig", "ShardCache", "default_cache_dir"]
+__all__ = ["CacheConfig", "ShardCache", "default_cache_dir", "num_queued", "num_requested"]
 
 _PART = ".part"
-# Every cache object, so a forked child can drop its parent's fetch threads and locks.
+# Every cache object, so a forked child can drop its parent's fetch threads and locks, and
+# `num_queued` can count their waiting fetches; guarded by _COUNTS_LOCK.
 _OPEN: weakref.WeakSet[ShardCache] = weakref.WeakSet()
+_COUNTS_LOCK = threading.Lock()
+_requested = 0  # shards queued by `prefetch`, all caches of this process: see num_requested
+
+
+def num_requested() -> int:
+    """How many shard fetches `ShardCache.prefetch` has queued in this process so far (a
+    counter: while it moves, a reader's read-ahead keeps asking for shards further ahead)."""
+    return _requested
+
+
+def num_queued() -> int:
+    """Fetches queued by `ShardCache.prefetch` in this process that no download has started
+    yet (a reader reads ahead until a few wait, so the downloads never run dry). O(queued)."""
+    with _COUNTS_LOCK:
+        caches = list(_OPEN)
+    return sum(cache._num_waiting() for cache in caches)
 
 
 def default_cache_dir() -> Path:
@@ -117,8 +139,9 @@ class ShardCache:
         self._inflight: dict[str, Future[Path]] = {}
         self._queue: queue.SimpleQueue[tuple[ShardEntry, Future[Path]] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
-        self._published: set[str] = set()  # names this object saw published: prefetch skips
-        _OPEN.add(self)
+        self._published: set[str] = set()  # names this object saw published: fetch returns
+        with _COUNTS_LOCK:
+            _OPEN.add(self)
         self.num_fetched = 0  # shards this object downloaded (not reused): for tests, progress
 
     def read_manifest(self) -> Manifest:
@@ -145,7 +168,14 @@ class ShardCache:
         return manifest
 
     def fetch(self, entry: ShardEntry) -> Path:
-        """The local path of ``entry``'s shard, fetched and verified if it is not cached."""
+        """The local path of ``entry``'s shard, fetched and verified if it is not cached.
+
+        A shard this object published (or found current) is returned without a look at the
+        file: `hold` checks it again before it is mapped, and forgets it if it was evicted.
+        """
+        with self._lock:
+            if entry.path in self._published:
+                return self.folder / entry.path
         while True:
             mine, future = self._claim(entry.path)
             if mine:
@@ -173,6 +203,7 @@ class ShardCache:
         until they are fetched, so the first batch does not share the bandwidth. A failed
         prefetch is dropped: the fetch that needs the shard tries again and raises.
         """
+        global _requested
         with self._lock:
             if not self._threads:
                 self._start_threads()
@@ -186,6 +217,12 @@ class ShardCache:
                 queued.append(entry.path)
             if self._first is None:
                 self._first = set(queued)
+        with _COUNTS_LOCK:
+            _requested += len(queued)
+
+    def _num_waiting(self) -> int:
+        with self._lock:
+            return sum(not f.running() and not f.done() for f in self._inflight.values())
 
     def is_current(self, entry: ShardEntry) -> bool:
         """Whether the cached file of ``entry`` exists with the entry's size and trailer."""
@@ -205,6 +242,7 @@ class ShardCache:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
+            self._forget(entry.path)
             return None
         fcntl.flock(fd, fcntl.LOCK_SH)
         try:
@@ -214,7 +252,13 @@ class ShardCache:
         except FileNotFoundError:
             pass  # evicted between open and lock
         os.close(fd)
+        self._forget(entry.path)
         return None
+
+    def _forget(self, name: str) -> None:
+        """``name`` is gone or changed (another process evicted it): `fetch` looks again."""
+        with self._lock:
+            self._published.discard(name)
 
     def cached_bytes(self) -> int:
         """Bytes of the shards published in this dataset's cache folder."""
@@ -234,8 +278,7 @@ class ShardCache:
                 break
             if _remove_if_unused(path):
                 removed += size
-                with self._lock:
-                    self._published.discard(path.name)
+                self._forget(path.name)
         return removed
 
     def wait(self) -> None:
@@ -317,7 +360,6 @@ class ShardCache:
             try:
                 self._download(entry, temp)
                 self._check(entry, temp)
-                _drop_pages(temp)
                 os.replace(temp, path)
             finally:
                 temp.unlink(missing_ok=True)
@@ -329,30 +371,33 @@ class ShardCache:
             os.close(lock)  # releases the flock
 
     def _download(self, entry: ShardEntry, temp: Path) -> None:
-        """Stream the object into ``temp`` in ranged reads (each retried), size-checked."""
-        url = join_url(self.config.url, entry.path)
-        size = self.store.size(entry.path)
-        if size != entry.num_bytes:
-            raise _refused(
-                url, "M8", f"object of {size} bytes (expected the manifest's {entry.num_bytes})"
-            )
-        chunk = self.config.policy.chunk_bytes
+        """Stream the object into ``temp`` in ranged reads (each retried), size-checked: one
+        GET per ``chunk_bytes``, the last one a byte past the entry's end (module docstring)."""
+        size, chunk = entry.num_bytes, self.config.policy.chunk_bytes
         with open(temp, "wb") as out:
             offset = 0
-            while offset < entry.num_bytes:
-                want = min(chunk, entry.num_bytes - offset)
-                data = self.store.read(entry.path, offset, offset + want)
-                if len(data) != want:  # changed on the server meanwhile
-                    raise _refused(
-                        url,
-                        "M8",
-                        f"the object ends at {offset + len(data)} bytes"
-                        f" (expected the manifest's {entry.num_bytes})",
-                    )
+            while offset < size:
+                stop = offset + chunk if offset + chunk < size else size + 1
+                data = self.store.read(entry.path, offset, stop)
+                if len(data) != min(stop, size) - offset:
+                    raise self._wrong_size(entry, offset, len(data))
                 out.write(data)
-                offset += want
+                offset += len(data)
             out.flush()
             os.fsync(out.fileno())
+
+    def _wrong_size(self, entry: ShardEntry, offset: int, num_read: int) -> FormatError:
+        """M8: a read from ``offset`` gave ``num_read`` bytes, not what the entry implies."""
+        end = offset + num_read
+        if end > entry.num_bytes:
+            found = f"more than {entry.num_bytes}"
+        else:
+            found = str(end) if num_read else f"at most {offset}"
+        return _refused(
+            join_url(self.config.url, entry.path),
+            "M8",
+            f"object of {found} bytes (expected the manifest's {entry.num_bytes})",
+        )
 
     def _check(self, entry: ShardEntry, temp: Path) -> None:
         """Every rule a published shard must meet (module docstring), or FormatError."""
@@ -486,17 +531,6 @@ def _remove_parts(folder: Path, name: str) -> None:
         stale = [e.path for e in entries if e.name.startswith(prefix) and e.name.endswith(_PART)]
     for item in stale:
         Path(item).unlink(missing_ok=True)
-
-
-def _drop_pages(path: Path) -> None:
-    """Written once and checked, read later: keep the download from pushing the host's
-    working set out of the page cache (and the Loader then sees its first reads of the shard
-    as cold, so it keeps reading, and fetching, ahead)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -10,6 +10,7 @@ the URL only.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import threading
@@ -98,12 +99,12 @@ class RemoteStore:
             return self._fs
 
     def read(self, name: str, start: int = 0, stop: int | None = None) -> bytes:
-        """Bytes [start, stop) of object ``name`` of the folder (to its end when stop is None)."""
+        """Bytes [start, stop) of object ``name`` of the folder (to its end when stop is None;
+        fewer when the object ends first, none when it ends before ``start``, on every
+        protocol). One request per try."""
         fs, root = self.filesystem()
         path = f"{root.rstrip('/')}/{name}"
-        return self.retry(
-            join_url(self.url, name), lambda: fs.cat_file(path, start=start, end=stop)
-        )
+        return self.retry(join_url(self.url, name), lambda: _cat(fs, path, start, stop))
 
     def size(self, name: str) -> int:
         """Size in bytes of object ``name`` of the folder."""
@@ -134,6 +135,15 @@ class RemoteStore:
 
     def __repr__(self) -> str:  # storage options may hold credentials: never shown
         return f"RemoteStore({self.url!r})"
+
+
+def _cat(fs: Any, path: str, start: int, stop: int | None) -> bytes:
+    try:
+        return fs.cat_file(path, start=start, end=stop)
+    except OSError as exc:  # s3fs: HTTP 416 as EINVAL (file://, memory://: b"")
+        if exc.errno == errno.EINVAL and "range" in str(exc).lower():
+            return b""
+        raise
 
 
 def _transient(exc: BaseException) -> bool:

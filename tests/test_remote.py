@@ -369,6 +369,35 @@ def test_issue15_speed_prefetch_counts_requested_and_queued_fetches(local, tmp_p
     cache.close()
 
 
+def test_issue15_speed_the_loader_fetches_ahead_without_page_faults(local, tmp_path, monkeypatch):
+    from roxxel.loader import loader as loader_module
+
+    # pages of a fresh download are in memory: reads never fault, yet fetching goes on ahead
+    monkeypatch.setattr(loader_module, "_major_faults", lambda: 0)
+    dataset = _open(f"file://{local}", tmp_path)
+    asked: set[int] = set()
+    read_unasked: list[int] = []
+    prefetch, shard = dataset.prefetch, dataset.shard
+
+    def recorded_prefetch(shard_ids):
+        shard_ids = list(shard_ids)
+        asked.update(shard_ids)
+        prefetch(shard_ids)
+
+    def recorded_shard(k):
+        if k not in asked:
+            read_unasked.append(k)
+        return shard(k)
+
+    monkeypatch.setattr(dataset, "prefetch", recorded_prefetch)
+    monkeypatch.setattr(dataset, "shard", recorded_shard)
+    config = loader_module.LoaderConfig(fields=("label",), readahead=1)
+    with loader_module.Loader(dataset, 2, shuffle=False, config=config) as loader:
+        labels = [int(x) for batch in loader for x in batch["label"]]
+    assert labels == list(range(NUM_RECORDS)) and dataset.num_shards > 2
+    assert read_unasked == [] and asked == set(range(dataset.num_shards))
+
+
 # --- kill -9 during a fetch ------------------------------------------------------------------
 
 _KILLED_FETCHER = """

@@ -11,13 +11,16 @@ import re
 import tomllib
 
 from roxxel.errors import ConfigError
+from roxxel.format.remote import is_url
 
 __all__ = [
     "UsageError",
+    "add_cache_dir_flag",
     "parse_compress_flags",
     "parse_field_flags",
     "parse_size",
     "read_schema_toml",
+    "url_cache_dir",
 ]
 
 _SIZE = re.compile(r"^(\d+)\s*([kmgt]?)i?b?$", re.IGNORECASE)
@@ -26,6 +29,25 @@ _SCALE = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 class UsageError(Exception):
     """The command line itself is wrong: printed with the usage, exit status 2."""
+
+
+def add_cache_dir_flag(p: argparse.ArgumentParser) -> None:
+    """``--cache-dir DIR``: where the shards of a dataset at a URL are fetched to."""
+    p.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="cache for datasets at a URL (default $ROXXEL_CACHE_DIR or ~/.cache/roxxel)",
+    )
+
+
+def url_cache_dir(path: str, cache_dir: str | None) -> str | None:
+    """`open_dataset`'s ``cache_dir`` for ``path``: ``--cache-dir`` for a URL, None for a local
+    directory, which is read in place (so one ``--cache-dir`` serves a mixture of both).
+
+    >>> url_cache_dir("s3://bucket/ds", "/nvme/cache"), url_cache_dir("data/ds", "/nvme/cache")
+    ('/nvme/cache', None)
+    """
+    return cache_dir if is_url(path) else None
 
 
 def parse_size(text: str) -> int:

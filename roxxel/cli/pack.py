@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import sys
 import time
+from collections.abc import Callable
 from itertools import islice
 from pathlib import Path
 
@@ -21,9 +24,10 @@ from roxxel.cli.args import (
     parse_size,
     read_schema_toml,
 )
-from roxxel.cli.push import pack_to_url
+from roxxel.cli.pull import storage_options
 from roxxel.errors import ConfigError
-from roxxel.format.remote import is_url
+from roxxel.format.cache import CacheConfig, default_cache_dir
+from roxxel.format.remote import RemoteStore, is_url
 from roxxel.format.schema import Schema
 from roxxel.format.writer import parse_compress
 from roxxel.ingest.images import ImageConfig, folder_labels, parse_image_size, pillow
@@ -46,7 +50,18 @@ from roxxel.ingest.pack import (
     mapped_records,
     shuffle_units,
 )
-from roxxel.ingest.parts import PackSpec, finalize, lock_output, merge, prepare_output
+from roxxel.ingest.parts import (
+    PackSpec,
+    finalize,
+    finalize_remote,
+    find_remote_units,
+    lock_output,
+    merge,
+    prepare_output,
+    prepare_remote,
+    remote_markers,
+    upload_unit,
+)
 from roxxel.ingest.pool import START_METHODS, UnitPool
 from roxxel.ingest.tokenize import TokenizeConfig, file_sha256, load_tokenizer, token_dtype
 
@@ -62,7 +77,10 @@ PACK_EPILOG = """examples:
   roxxel pack docs.jsonl -o data/tok --map mytok:encode --workers 8 --compress text=zstd:3
   roxxel pack shards/ -o /shared/ds --num-tasks 4 --task-index $SLURM_ARRAY_TASK_ID
   roxxel pack shards/ -o /shared/ds --num-tasks 4 --finalize
-Rerun the same command after an interruption: finished work units are kept."""
+  roxxel pack shards/ -o s3://bucket/ds --num-tasks 4 --task-index $SLURM_ARRAY_TASK_ID
+Rerun the same command after an interruption: finished work units are kept. With -o URL each
+task uploads its units as they finish and the last task to end writes the manifest (or run
+--finalize); nothing opens at the URL before that."""
 
 MERGE_EPILOG = """example:
   roxxel merge /scratch/task0 /scratch/task1 -o data/corpus"""
@@ -77,7 +95,9 @@ def add_pack_parser(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="files, directories or globs")
-    p.add_argument("-o", "--output", required=True, metavar="DIR", help="dataset directory")
+    p.add_argument(
+        "-o", "--output", required=True, metavar="DIR", help="dataset directory, or a URL"
+    )
     p.add_argument("--format", choices=kind_names(), help="input kind (default: from extension)")
     p.add_argument(
         "--field",
@@ -124,6 +144,14 @@ def add_pack_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--task-index", type=int, default=0, metavar="I", help="this task (0..T-1)")
     p.add_argument("--finalize", action="store_true", help="check all units and write the manifest")
     p.add_argument("--overwrite", action="store_true", help="replace a different dataset in DIR")
+    p.add_argument(
+        "--storage-options", metavar="JSON", help="fsspec options of -o URL (a JSON object)"
+    )
+    p.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="-o URL: stage units in DIR/staging (default $ROXXEL_CACHE_DIR or ~/.cache/roxxel)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
     p.set_defaults(func=cmd_pack)
 
@@ -189,6 +217,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError("--append-eos/--prepend-bos/--eos-id/--keep-field: expected --tokenizer")
     if (args.channels_last or args.image_pad) and not args.image_size:
         raise UsageError("--channels-last/--image-pad: expected --image-size HxW")
+    if args.storage_options is not None and not is_url(args.output):
+        raise UsageError(f"--storage-options with -o {args.output}: expected -o URL")
 
 
 def _schema(
@@ -315,7 +345,7 @@ def _fingerprint(args: argparse.Namespace, units: list[WorkUnit], config: PackCo
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def _config(args: argparse.Namespace) -> tuple[PackConfig, list[WorkUnit]]:
+def _config(args: argparse.Namespace, out_dir: str) -> tuple[PackConfig, list[WorkUnit]]:
     skipped: list[str] = []
     inputs = expand_inputs(args.inputs, args.format, skipped)
     for line in skipped if not args.quiet else []:
@@ -324,7 +354,7 @@ def _config(args: argparse.Namespace) -> tuple[PackConfig, list[WorkUnit]]:
         cut_units(inputs, args.unit_bytes or args.shard_bytes), args.shuffle_input
     )
     config = PackConfig(
-        out_dir=args.output,
+        out_dir=out_dir,
         schema={},
         fingerprint="",
         read=ReadOptions(args.input_field, args.skip_bad),
@@ -344,11 +374,11 @@ def _config(args: argparse.Namespace) -> tuple[PackConfig, list[WorkUnit]]:
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    if is_url(args.output):  # pack into a staging folder, then upload it, manifest last
-        return pack_to_url(args, cmd_pack)
     _check_args(args)
+    if is_url(args.output):
+        return _pack_to_url(args)
     start = time.perf_counter()
-    config, units = _config(args)
+    config, units = _config(args, args.output)
     out = Path(args.output)
     plan = PackSpec(config.fingerprint, len(units), config.schema, _metadata(config))
     # one task alone, or --finalize: the directory alone; a task of several: its share
@@ -372,14 +402,85 @@ def cmd_pack(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pack_to_url(args: argparse.Namespace) -> int:
+    """``roxxel pack ... -o URL`` (docs/remote.md): every task computes the plan and agrees on
+    it at the URL, packs its units in a local staging folder and uploads each unit's shards,
+    then its marker, as the unit ends; the task that then finds every unit's marker (or
+    ``--finalize``) checks them all and writes the manifest last."""
+    start = time.perf_counter()
+    url = args.output
+    store = RemoteStore(url, storage_options(args.storage_options))
+    stage = _staging(args)
+    config, units = _config(args, str(stage))
+    plan = PackSpec(config.fingerprint, len(units), config.schema, _metadata(config))
+    if prepare_remote(store, plan, args.overwrite, create=not args.finalize):
+        _say(args, f"{url}: already packed with these arguments (its manifest is there)")
+        return 0
+    if args.finalize:
+        num = finalize_remote(store, plan, args.num_tasks)
+        _say(args, f"{url}: manifest written for {len(units)} work units ({num} shards)")
+        return 0
+    mine = units[args.task_index :: args.num_tasks]
+    there = find_remote_units(store, plan, (u.index for u in mine))
+    todo = [u for u in mine if u.index not in there]
+    results = _stage_and_upload(args, config, todo, store, plan) if todo else []
+    _report(args, results, todo, start)
+    missing = plan.num_units - len(remote_markers(store, plan))
+    if not missing:  # the last task to end: tasks ending together write the same bytes
+        num = finalize_remote(store, plan, args.num_tasks)
+        _say(args, f"{url}: all {plan.num_units} work units there; manifest written ({num} shards)")
+        return 0
+    _say(
+        args,
+        f"task {args.task_index}/{args.num_tasks} done ({len(there)} of its units were at "
+        f"{url} already); {missing} work units of other tasks to come: the last task to end "
+        "writes the manifest (or rerun with --finalize)",
+    )
+    return 0
+
+
+def _staging(args: argparse.Namespace) -> Path:
+    """This task's local folder for ``-o URL``: under the cache dir, by URL and task."""
+    base = Path(args.cache_dir) if args.cache_dir is not None else default_cache_dir()
+    folder = CacheConfig(args.output, base).folder.name
+    return base / "staging" / folder / f"task-{args.task_index}"
+
+
+def _stage_and_upload(
+    args: argparse.Namespace,
+    config: PackConfig,
+    units: list[WorkUnit],
+    store: RemoteStore,
+    plan: PackSpec,
+) -> list[UnitResult]:
+    """Pack ``units`` in the staging folder, uploading each as it ends; then remove the
+    folder (kept after a failure: a rerun uploads what it holds without packing it again)."""
+    stage = Path(config.out_dir)
+    with lock_output(stage) as lock:
+        prepare_output(stage, plan, True, lock)  # the folder is this task's: no other pack
+        results = _run(
+            args, config, units, lock.fds, lambda r: upload_unit(store, stage, plan, r.unit)
+        )
+    shutil.rmtree(stage)
+    with contextlib.suppress(OSError):  # other tasks of this host may stage beside it
+        stage.parent.rmdir()
+    return results
+
+
 def _run(
-    args: argparse.Namespace, config: PackConfig, units: list[WorkUnit], lock_fds: list[int]
+    args: argparse.Namespace,
+    config: PackConfig,
+    units: list[WorkUnit],
+    lock_fds: list[int],
+    on_result: Callable[[UnitResult], None] | None = None,
 ) -> list[UnitResult]:
     results: list[UnitResult] = []
     records = 0
     pool = UnitPool(config, units, args.workers, args.start_method, lock_fds)
     with pool, _bar(args, units) as bar:
         for result in pool.results():
+            if on_result is not None:
+                on_result(result)
             results.append(result)
             records += result.num_records
             bar.update(result.num_input_bytes)

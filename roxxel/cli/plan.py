@@ -8,10 +8,12 @@ optional, as `roxxel.sources.windows.TokenWindows`); otherwise it is the dataset
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 from collections.abc import Mapping
 from typing import Any
 
+from roxxel.cli.args import add_cache_dir_flag, url_cache_dir
 from roxxel.errors import ConfigError
 from roxxel.format.dataset import open_dataset
 from roxxel.sampling.mixture import Mixture
@@ -47,18 +49,20 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--plot", metavar="PATH", help="also draw the shares over the steps (matplotlib)"
     )
+    add_cache_dir_flag(p)
     p.set_defaults(func=cmd_plan)
 
 
-def open_plan_source(name: str, spec: Mapping[str, Any]) -> Any:
-    """A mixture source from its TOML table: token windows or the dataset's records.
+def open_plan_source(name: str, spec: Mapping[str, Any], *, cache_dir: str | None = None) -> Any:
+    """A mixture source from its TOML table: token windows or the dataset's records. A
+    ``path`` that is a URL is cached in ``cache_dir`` (default: `open_dataset`'s).
 
     Raises:
         ConfigError: an unknown key, a value of the wrong type, ``field`` without ``seq_len``
             (or the reverse), or a field the dataset does not have (listing those it has).
     """
     _check_source_spec(name, spec)
-    dataset = open_dataset(spec["path"])
+    dataset = open_dataset(spec["path"], cache_dir=url_cache_dir(spec["path"], cache_dir))
     if "field" not in spec and "seq_len" not in spec:
         return dataset
     if "field" not in spec or "seq_len" not in spec:
@@ -93,7 +97,8 @@ def _check_source_spec(name: str, spec: Mapping[str, Any]) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     if args.plot:
         _check_plot_extra()  # before the work, not after the report
-    mixture = Mixture.from_toml(args.mixture, open_plan_source)
+    opener = functools.partial(open_plan_source, cache_dir=args.cache_dir)
+    mixture = Mixture.from_toml(args.mixture, opener)
     print(plan_report(mixture, args.steps))
     if args.plot:
         print(f"shares drawn to {plot_shares(mixture, args.plot, args.steps)}")

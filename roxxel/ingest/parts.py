@@ -29,7 +29,8 @@ import shutil
 import socket
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,24 @@ from typing import Any
 from roxxel.errors import ConfigError, FormatError, RoxxelError, check_int, load_json
 from roxxel.format.atomic import AtomicFile, fsync_dir, make_dirs, naming, write_atomic
 from roxxel.format.dataset_writer import listed_shards, remove_shards, write_manifest
-from roxxel.format.manifest import MANIFEST_NAME, ShardInfo
+from roxxel.format.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    ShardEntry,
+    ShardInfo,
+    checksum_text,
+    json_object,
+)
 from roxxel.format.reader import TEMP_NAME, shard_infos
+from roxxel.format.remote import RemoteStore, join_url
+from roxxel.format.schema import Schema
+from roxxel.format.upload import (
+    list_objects,
+    published_trailer,
+    put_bytes,
+    put_files,
+    remove_object,
+)
 
 __all__ = [
     "STALE_WAIT_SECONDS",
@@ -46,13 +63,18 @@ __all__ = [
     "PackLock",
     "PackSpec",
     "finalize",
+    "finalize_remote",
+    "find_remote_units",
     "load_unit",
     "lock_output",
     "merge",
     "prepare_output",
+    "prepare_remote",
     "read_plan",
+    "remote_markers",
     "remove_unit_files",
     "shard_name",
+    "upload_unit",
     "write_json_atomic",
     "write_unit_marker",
 ]
@@ -502,7 +524,11 @@ def _find_units(dirs: list[Path], plan: PackSpec) -> dict[int, tuple[Path, dict[
     return found
 
 
-def _refuse_missing(where: object, found: dict[int, Any], plan: PackSpec) -> None:
+def _refuse_missing(
+    where: object, found: dict[int, Any], plan: PackSpec, num_tasks: int | None = None
+) -> None:
+    """Raise ConfigError naming the first missing units (and, given ``num_tasks``, the tasks
+    they belong to: unit U is task U mod T's) unless every unit of ``plan`` is in ``found``."""
     missing_count = plan.num_units - len(found)
     if not missing_count:
         return
@@ -513,9 +539,14 @@ def _refuse_missing(where: object, found: dict[int, Any], plan: PackSpec) -> Non
             missing.append(unit)
         unit += 1
     shown = ", ".join(map(str, missing)) + (" ..." if missing_count > 10 else "")
+    if num_tasks is not None:
+        tasks = sorted({u % num_tasks for u in missing})
+        more = " ..." if missing_count > len(missing) else ""
+        shown += f" of tasks {', '.join(map(str, tasks))}{more} of --num-tasks {num_tasks}"
     raise ConfigError(
         f"{where}: {missing_count} of {plan.num_units} work units not packed or damaged "
-        f"(units {shown}; expected all: run the remaining tasks, or rerun pack)"
+        f"(units {shown}; expected all: run the remaining tasks, or rerun pack)",
+        path=where if isinstance(where, str | Path) else None,
     )
 
 
@@ -594,3 +625,191 @@ def _copy_file(source: Path, target: Path) -> None:
                 os.unlink(tmp)
             raise
         fsync_dir(target.parent)
+
+
+# ---- a pack at a URL -----------------------------------------------------------------------
+#
+# The same state as objects under the URL, for tasks on machines that share no disk: each
+# task packs its units in a local staging folder, then uploads a unit's shards and, after
+# them, its marker ``.roxxel-pack/unit-U.json``. There are no locks: the tasks own disjoint
+# units, and what they write for the same unit is the same bytes. The plan is a pure function
+# of the inputs and options, so every task computes it; ``.roxxel-pack/plan.json`` is written
+# by whichever task finds none and read back, so tasks of another pack are refused.
+# ``manifest.json`` goes up last, once every unit's marker and shards check out.
+
+_REMOTE_PLAN = f"{STATE_DIR}/plan.json"
+
+
+def _json_bytes(doc: Any) -> bytes:
+    """The bytes `write_json_atomic` writes for ``doc``: equal documents, equal bytes."""
+    return json.dumps(doc, indent=2, sort_keys=True).encode()
+
+
+def _remote_marker(unit: int) -> str:
+    return f"{STATE_DIR}/unit-{unit:06d}.json"
+
+
+def _read_object(store: RemoteStore, name: str) -> bytes | None:
+    try:
+        return store.read(name, 0, STATE_MAX_BYTES + 1)
+    except FileNotFoundError:
+        return None
+
+
+def _made_by(manifest: bytes, plan: PackSpec) -> bool:
+    """Whether a manifest's metadata names this pack's fingerprint (as `finalize` writes)."""
+    with contextlib.suppress(RoxxelError):
+        doc = load_json(manifest, MANIFEST_NAME)
+        metadata = doc.get("metadata") if isinstance(doc, dict) else None
+        return isinstance(metadata, dict) and metadata.get("roxxel_pack") == plan.fingerprint
+    return False
+
+
+def prepare_remote(store: RemoteStore, plan: PackSpec, overwrite: bool, create: bool) -> bool:
+    """Agree on ``plan`` at the store's URL; True when this pack's dataset is complete there.
+
+    A manifest of another dataset is refused unless ``overwrite``, which deletes it before
+    anything else is written (the old dataset stops opening). Without a plan there, one is
+    written when ``create`` (a task), else refused (``--finalize``: no task ran); a plan of
+    other arguments is refused unless ``overwrite`` and ``create``.
+
+    Raises:
+        ConfigError: naming the URL and what it holds.
+        ConnectionError: the store stayed unreachable.
+    """
+    url, want = store.url, _json_bytes(plan.to_json())
+    old = _read_object(store, _REMOTE_PLAN)
+    manifest = _read_object(store, MANIFEST_NAME)
+    if manifest is not None:
+        if old == want and _made_by(manifest, plan):
+            return True
+        if not overwrite:
+            raise _holds(url, "a dataset made otherwise")
+        remove_object(store, MANIFEST_NAME)
+    if old == want:
+        return False
+    if not create:
+        found = "no pack plan" if old is None else "a pack with other arguments"
+        raise ConfigError(
+            f"{url}: {found} (expected the plan the tasks of this pack wrote: run them first)",
+            path=url,
+        )
+    if old is not None and not overwrite:
+        raise _holds(url, "a pack with other arguments")
+    put_bytes(store, _REMOTE_PLAN, want)
+    if _read_object(store, _REMOTE_PLAN) != want:  # a task of another pack wrote after us
+        raise _holds(url, "a pack with other arguments, started at the same time")
+    return False
+
+
+def _holds(url: str, found: str) -> ConfigError:
+    return ConfigError(
+        f"{url}: holds {found} (expected an empty prefix or the same pack arguments; "
+        f"pass --overwrite to replace it)",
+        path=url,
+    )
+
+
+def upload_unit(store: RemoteStore, out_dir: Path, plan: PackSpec, unit: int) -> None:
+    """Upload the finished ``unit`` of the local pack in ``out_dir``: its shards, then its
+    marker; then remove its local files (the staging folder holds units in flight only).
+
+    Raises:
+        ConfigError: the unit is not finished in ``out_dir``.
+        ConnectionError: the store stayed unreachable (the local files are kept: rerun).
+    """
+    doc = load_unit(out_dir, plan.fingerprint, unit)
+    if doc is None:
+        raise ConfigError(
+            f"{out_dir}: unit {unit} has no valid marker (expected a packed unit to upload)",
+            path=out_dir,
+        )
+    put_files(store, out_dir, [(s["name"], s["num_bytes"]) for s in doc["shards"]])
+    put_bytes(store, _remote_marker(unit), _json_bytes(doc))
+    remove_unit_files(out_dir, unit)
+
+
+def remote_markers(store: RemoteStore, plan: PackSpec) -> set[int]:
+    """The units of ``plan`` with a marker at the store's URL, from one listing (unchecked:
+    a cheap test of whether `finalize_remote` can succeed yet)."""
+    found = (_MARKER_NAME.match(name) for name in list_objects(store, STATE_DIR))
+    return {int(m[1]) for m in found if m and int(m[1]) < plan.num_units}
+
+
+def find_remote_units(
+    store: RemoteStore, plan: PackSpec, units: Iterable[int] | None = None
+) -> dict[int, dict[str, Any]]:
+    """The units of ``plan`` (of ``units``, if given) done at the store's URL: a marker that
+    matches the plan (as `load_unit` checks it) and, for each of its shards, an object of
+    the marker's size whose trailer has its record count and index checksum (one ranged
+    read each). A unit that fails a check is not done; its task packs it again.
+
+    Raises:
+        ConnectionError: the store stayed unreachable.
+    """
+    marked = remote_markers(store, plan)
+    found = sorted(marked if units is None else marked.intersection(units))
+    if not found:
+        return {}
+    sizes = list_objects(store)
+    with ThreadPoolExecutor(min(16, len(found)), "roxxel-check") as pool:
+        docs = list(pool.map(lambda u: _remote_unit(store, plan, u, sizes), found))
+    return {u: doc for u, doc in zip(found, docs, strict=True) if doc is not None}
+
+
+def _remote_unit(
+    store: RemoteStore, plan: PackSpec, unit: int, sizes: dict[str, int]
+) -> dict[str, Any] | None:
+    name = _remote_marker(unit)
+    data = _read_object(store, name)
+    try:
+        doc = None if data is None else load_json(data, join_url(store.url, name))
+    except RoxxelError:
+        return None
+    if not _marker_ok(doc, plan.fingerprint, unit):
+        return None
+    assert isinstance(doc, dict)  # for the type checker: _marker_ok said so
+    for s in doc["shards"]:
+        if sizes.get(s["name"]) != s["num_bytes"]:
+            return None
+        try:
+            trailer = published_trailer(store, s["name"], s["num_bytes"])
+        except (FileNotFoundError, FormatError):
+            return None
+        if [trailer.num_records, checksum_text(trailer.index_checksum)] != [
+            s["num_records"],
+            s["checksum"],
+        ]:
+            return None
+    return doc
+
+
+def finalize_remote(
+    store: RemoteStore,
+    plan: PackSpec,
+    num_tasks: int | None = None,
+    found: dict[int, dict[str, Any]] | None = None,
+) -> int:
+    """Check every unit of ``plan`` at the store's URL (`find_remote_units`, unless ``found``
+    holds its answer) and write ``manifest.json`` last; returns the number of shards.
+
+    Raises:
+        ConfigError: units are missing or damaged, named with their tasks when ``num_tasks``
+            says how the units were split (unit U is task U mod T's).
+    """
+    found = find_remote_units(store, plan) if found is None else found
+    _refuse_missing(store.url, found, plan, num_tasks)
+    entries = [
+        ShardEntry(s["name"], s["num_records"], s["num_bytes"], s["checksum"])
+        for unit in range(plan.num_units)
+        for s in found[unit]["shards"]
+    ]
+    if not entries:
+        raise ConfigError(
+            f"{store.url}: every work unit is empty (expected at least one record)",
+            path=store.url,
+        )
+    metadata = json_object(plan.metadata, "metadata")
+    manifest = Manifest(Schema.parse(plan.schema), tuple(entries), metadata)
+    put_bytes(store, MANIFEST_NAME, manifest.to_json())
+    return len(entries)

@@ -23,6 +23,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec, Sharding
 
 from roxxel.errors import ConfigError, RoxxelError, StateError, check_int
+from roxxel.format.cache import num_queued, num_requested
 from roxxel.loader import placement as device
 from roxxel.loader.host import (
     BufferPool,
@@ -411,6 +412,7 @@ class _Assembler:
         self._pools: dict[tuple[int, RowSpec], BufferPool] = {}
         self._advised = -1
         self._cold_until: int | None = None  # advise while step < this; None: not started
+        self._fetch_until, self._requested = -1, num_requested()  # see _advise
         self._rows: dict[tuple[int, RowSpec], np.ndarray] = {}
         self._plans: dict[tuple[Any, ...], dict[str, device.RowPlacement]] = {}
         self._device_fn = jax.jit(config.device_transform) if config.device_transform else None
@@ -544,25 +546,44 @@ class _Assembler:
     def _advise(self, step: int, pick: Pick) -> None:
         """Read-ahead for the steps up to `step + readahead` not advised yet; on the first
         call that includes `step` itself, so its reads go to the disk at once, not one page
-        fault after another."""
+        fault after another. While datasets at a URL are asked for shards (`num_requested`
+        moved within the last `_FETCH_STEPS * readahead` steps), it goes on up to that far
+        ahead until a few fetches wait (`num_queued`), `_FETCH_BURST` steps a call at most:
+        the downloads run ahead whether or not the reads fault."""
         ahead = self._config.readahead
         if self._cold_until is None:  # the first step: assume a cold cache
             self._cold_until = step + 1 + ahead
-        if ahead == 0 or step >= self._cold_until:
+        if (requested := num_requested()) != self._requested:  # a fill fetched a shard
+            self._fetch_until = step + _FETCH_STEPS * ahead
+        self._requested = requested
+        if ahead == 0 or step >= max(self._cold_until, self._fetch_until):
             return
         if self._advised < step:
             self._picker.advise(pick)
-        for target in range(max(step + 1, self._advised + 1), step + ahead + 1):
-            if _past_bound(self._picker, target):
-                break
-            later = self._picker.pick(target, self.check(target))
-            if later is None:
+        far = _FETCH_STEPS * ahead if step < self._fetch_until else ahead
+        target, last = max(step, self._advised) + 1, step + ahead + _FETCH_BURST
+        while target <= min(step + far, last) and (
+            target <= step + ahead or num_queued() < _FETCH_QUEUED
+        ):
+            later = None if _past_bound(self._picker, target) else self._pick_ahead(target)
+            if later is None:  # the stream ends: nothing further to advise
+                target = step + far + 1
                 break
             self._picker.advise(later)
-        self._advised = step + ahead
+            target += 1
+        self._advised = max(self._advised, target - 1)
+        if num_requested() != requested:  # shards still to fetch: keep fetching ahead
+            self._fetch_until = self._advised + _FETCH_STEPS * ahead
+        self._requested = num_requested()
+
+    def _pick_ahead(self, target: int) -> Pick | None:
+        return self._picker.pick(target, self.check(target))
 
 
 _COLD_STEPS = 8  # read ahead this many times `readahead` steps after the last major fault
+# fetching for a dataset at a URL: up to this many times `readahead` steps ahead, at most
+# _FETCH_BURST steps further per batch, while fewer than _FETCH_QUEUED downloads wait
+_FETCH_STEPS, _FETCH_BURST, _FETCH_QUEUED = 32, 16, 2
 _RUSAGE = resource.RUSAGE_THREAD if sys.platform.startswith("linux") else None
 
 

@@ -396,6 +396,81 @@ def _assert_same(got, expected):
             np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
+# --- issue 16 (measured on an H100): reads in threads, placement overlapping the gather ------
+
+
+def _sharded_run(dataset, num_steps, **options):
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    config = LoaderConfig(num_epochs=None, **options)
+    with Loader(dataset, 16, seed=7, sharding=(mesh, P("data")), config=config) as loader:
+        return [{k: np.asarray(v) for k, v in next(loader).items()} for _ in range(num_steps)]
+
+
+def test_issue16_placing_apart_gives_the_batches_of_one_thread(dataset, monkeypatch):
+    reference = _sharded_run(dataset, 6)
+    monkeypatch.setattr(loader_module, "places_apart", lambda sharding: True)
+    placed = _sharded_run(dataset, 6)
+    _assert_same(placed, reference)
+    assert not _host_threads()  # the loader and the placer threads are joined
+
+
+def test_issue16_cpu_places_in_the_pipeline_thread(dataset):
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    assert not loader_module.places_apart(loader_module.device.batch_sharding(mesh, P("data")))
+    with Loader(dataset, 16, sharding=(mesh, P("data"))) as loader:
+        next(loader)
+        assert not [t for t in threading.enumerate() if t.name == "roxxel-placer"]
+
+
+def _raises_on_device(batch, key):
+    raise RuntimeError("placement failed")
+
+
+def test_issue16_a_placement_error_reaches_the_consumer_and_no_thread_is_left(
+    dataset, monkeypatch
+):
+    monkeypatch.setattr(loader_module, "places_apart", lambda sharding: True)
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    config = LoaderConfig(device_transform=_raises_on_device)
+    loader = Loader(dataset, 16, sharding=(mesh, P("data")), config=config)
+    with pytest.raises(RuntimeError, match="placement failed"):
+        next(loader)
+    loader.close()
+    gc.collect()
+    assert not _host_threads()
+
+
+def test_issue16_break_and_exhaustion_join_the_placer(dataset, monkeypatch):
+    monkeypatch.setattr(loader_module, "places_apart", lambda sharding: True)
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    for _ in Loader(dataset, 8, sharding=(mesh, P("data")), config=LoaderConfig(num_epochs=None)):
+        break
+    gc.collect()
+    assert not _host_threads()
+    finite = Loader(dataset, 8, sharding=(mesh, P("data")))
+    assert len(list(finite)) == NUM_RECORDS // 8
+    assert not _host_threads()
+
+
+def test_issue16_large_batches_are_read_in_threads_with_the_same_rows(dataset, monkeypatch):
+    reference = _run(dataset, 5)
+    monkeypatch.setattr(loader_module, "READ_THREADS", 3)
+    monkeypatch.setattr(loader_module, "THREADED_READ_BYTES", 64)
+    seen = []
+    fill = SlicedTransform.__call__
+
+    def spy(self, *args, **kwargs):
+        seen.append(self._num_threads)
+        return fill(self, *args, **kwargs)
+
+    monkeypatch.setattr(SlicedTransform, "__call__", spy)
+    _assert_same(_run(dataset, 5), reference)
+    assert seen and set(seen) == {3}
+    seen.clear()
+    _run(dataset, 2, host_transform=_noisy_in_place)  # a transform: its own rng, one thread
+    assert not seen
+
+
 def test_an_iterator_left_open_at_exit_prints_nothing(tmp_path):
     """A script that leaves a Loader's iterator half-way and exits: its generator is
     finalized while the interpreter tears modules down; that must be silent (no

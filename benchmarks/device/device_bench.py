@@ -21,6 +21,7 @@ Measures, in a few minutes, and writes a markdown table to ``$OUT/device.md`` (+
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -333,25 +334,51 @@ def loader16_rows(jax, dev, cases: dict, rates: dict, seconds: float) -> tuple[l
     import roxxel
 
     rows, per_batch = [], {}
+    variants = {  # name: (pin_host, threads reading a batch, placed in a thread of its own)
+        "pinned ring": (True, 1, True),
+        "pinned ring, reads in 4 threads": (True, 4, True),
+        "pinned ring, one thread (gather and placement in the pipeline thread)": (True, 1, False),
+        "pin_host=False": (False, 1, True),
+    }
     for name, (source, batch, nbytes, ref_size) in cases.items():
         got = {}
-        for pin in (True, False):
+        for variant, (pin, readers, apart) in variants.items():
             config = roxxel.LoaderConfig(num_epochs=None, pin_host=pin)
             sharding = SingleDeviceSharding(dev)
-            with roxxel.Loader(source, batch, seed=0, sharding=sharding, config=config) as ld:
+            with (
+                _pipeline(readers, apart),
+                roxxel.Loader(source, batch, seed=0, sharding=sharding, config=config) as ld,
+            ):
                 it = iter(ld)
                 t, n = timed_rate(lambda it=it: jax.block_until_ready(next(it)), seconds)
                 stats = ld.stats()
-            got[pin] = nbytes / t / 1e9
-            what = f"Loader -> device: {name}, {'pinned ring' if pin else 'pin_host=False'}"
+            got[variant] = nbytes / t / 1e9
+            what = f"Loader -> device: {name}, {variant}"
             rows.append(_row("loader16", what, nbytes, nbytes / t / 1e9, "GB/s", n, _said(stats)))
-            per_batch[name] = t if pin else per_batch[name]
+            if variant == "pinned ring":
+                per_batch[name] = t
+        got[True] = got["pinned ring"]
         kind, need = ("pinned", 0.8) if nbytes >= 3 * MIB else ("pageable", 1.0)
         ref = rates.get((kind, ref_size))
         ratio = None if not ref else got[True] / ref
         note = f"issue 16 target: >= {need}x the {kind} device_put rate of the same size"
         rows.append(_row("loader16", f"{name}: Loader / {kind} rate", nbytes, ratio, "x", 0, note))
     return rows, per_batch
+
+
+@contextlib.contextmanager
+def _pipeline(readers: int, apart: bool):
+    """The Loader with `readers` threads reading a large batch, placing in a thread of its
+    own (apart) or in the pipeline thread."""
+    from roxxel.loader import loader as module
+
+    saved = module.READ_THREADS, module.places_apart
+    module.READ_THREADS = readers
+    module.places_apart = lambda sharding: apart
+    try:
+        yield
+    finally:
+        module.READ_THREADS, module.places_apart = saved
 
 
 def _said(stats) -> str:
@@ -410,25 +437,32 @@ def step16_rows(
         if name not in cases:
             continue
         source, batch = cases[name][:2]
-        config = roxxel.LoaderConfig(num_epochs=None)
-        with roxxel.Loader(source, batch, seed=1, sharding=sh, config=config) as ld:
+        endless = roxxel.LoaderConfig(num_epochs=None)
+        with roxxel.Loader(source, batch, seed=1, sharding=sh, config=endless) as ld:
             resident = [next(ld) for _ in range(4)]
         step = make_feature_step(jax, 256 if smoke else 2048, 256 if smoke else 2048)
-        for times in (2, 8):
+        config = roxxel.LoaderConfig(num_epochs=None, pin_host=True)
+        for times, apart in ((2, True), (8, True), (2, False), (8, False)):
             reps, _ = _calibrate(step, resident[0], times * per_batch[name], seconds / 4)
             t_dev = _in_flight(step, reps, lambda k, r=resident: r[k % 4], seconds)
-            with roxxel.Loader(source, batch, seed=2, sharding=sh, config=config) as ld:
+            with (
+                _pipeline(1, apart),
+                roxxel.Loader(source, batch, seed=2, sharding=sh, config=config) as ld,
+            ):
                 it = iter(ld)
                 t_fed = _in_flight(step, reps, lambda k, it=it: next(it), seconds)
                 stats = ld.stats()
                 if trace is not None:  # the device streams and the loader thread, side by side
-                    with jax.profiler.trace(str(trace / f"{name.split()[0]}-{times}x")):
+                    with jax.profiler.trace(
+                        str(trace / f"{name.split()[0]}-{times}x-apart{int(apart)}")
+                    ):
                         _in_flight(step, reps, lambda k, it=it: next(it), min(seconds, 0.5))
             note = (
                 f"step {t_dev / per_batch[name]:.1f}x the batch time ({reps} rounds); "
                 f"device-resident {t_dev * 1e3:.2f} ms, fed {t_fed * 1e3:.2f} ms; " + _said(stats)
             )
-            what = f"{name}, step {times}x the batch: loader-fed / device-resident"
+            how = "placed apart" if apart else "one thread"
+            what = f"{name}, step {times}x the batch, pinned, {how}: loader-fed / device-resident"
             rows.append(_row("step16", what, 0, t_dev / t_fed, "x", 0, note))
     return rows
 

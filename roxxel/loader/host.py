@@ -28,7 +28,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -198,6 +198,10 @@ class Prefetcher:
     ``depth`` items wait in the queue. ``get`` returns ``(step, item)``, None at the end, and
     raises the exception ``produce`` raised (the original object, with its traceback).
 
+    With ``finish``, a second thread turns each item into ``finish(step, item)`` while the
+    first produces the next one (the loader's gather and its host-to-device copies overlap);
+    one item waits between the two. The order and the errors are as with one thread.
+
     Thread-safety: one consumer thread. ``close`` is idempotent and joins the thread; the
     thread holds no reference to whoever owns the Prefetcher, so owners can close it from
     ``__del__``.
@@ -209,6 +213,7 @@ class Prefetcher:
         start: int,
         depth: int,
         timings: Timings | None = None,
+        finish: Callable[[int, Any], object] | None = None,
     ) -> None:
         if depth < 1:
             raise ConfigError(f"pipeline.Prefetcher: depth ({depth}, expected >= 1)")
@@ -217,10 +222,19 @@ class Prefetcher:
         self._queue: queue.Queue[object] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._done = False
-        self._thread = threading.Thread(
-            target=self._run, args=(start,), name="roxxel-loader", daemon=True
-        )
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._run, args=(start,), name="roxxel-loader", daemon=True)
+        ]
+        self._handoff: queue.Queue[object] | None = None
+        if finish is not None:
+            self._handoff = queue.Queue(maxsize=1)
+            self._threads.append(
+                threading.Thread(
+                    target=self._finish, args=(finish,), name="roxxel-placer", daemon=True
+                )
+            )
+        for thread in self._threads:
+            thread.start()
 
     def get(self) -> tuple[int, object] | None:
         """The next ``(step, item)``; None once the stream ended or after ``close``."""
@@ -236,7 +250,7 @@ class Prefetcher:
             try:
                 entry = self._queue.get(timeout=0.1)
             except queue.Empty:
-                if not self._thread.is_alive() and self._queue.empty():
+                if not self._threads[-1].is_alive() and self._queue.empty():
                     self._done = True  # the thread always enqueues its end; belt and braces
                 continue
             if entry is _END:
@@ -252,44 +266,74 @@ class Prefetcher:
         """Stop producing, drop what is queued, join the thread."""
         self._done = True
         self._stop.set()
-        if threading.current_thread() is self._thread:
+        if threading.current_thread() in self._threads:
             return  # closed from inside produce (a transform dropped its owner): it exits now
-        while self._thread.is_alive():
-            self._drain()
-            self._thread.join(timeout=0.05)
+        for thread in self._threads:
+            while thread.is_alive():
+                self._drain()
+                thread.join(timeout=0.05)
         self._drain()
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return any(thread.is_alive() for thread in self._threads)
 
     def _drain(self) -> None:
-        try:
-            while True:
-                self._queue.get_nowait()
-        except queue.Empty:
-            return
+        for q in (self._handoff, self._queue):
+            try:
+                while q is not None:
+                    q.get_nowait()
+            except queue.Empty:
+                continue
 
     def _run(self, step: int) -> None:
+        out = self._queue if self._handoff is None else self._handoff
         try:
             while not self._stop.is_set():
                 item = self._produce(step)
                 if item is None:
                     break
                 began = time.perf_counter()
-                self._put((step, item))
-                self._timings.add("wait_consumer", time.perf_counter() - began)
-                self._timings.num_batches += 1
+                self._put(out, (step, item))
+                if self._handoff is None:
+                    self._counted(began)
                 del item
                 step += 1
-            self._put(_END)
+            self._put(out, _END)
         except BaseException as error:  # handed to the consumer, never dropped
-            self._put(_Failure(error))
+            self._put(out, _Failure(error))
 
-    def _put(self, entry: object) -> None:
+    def _finish(self, finish: Callable[[int, Any], object]) -> None:
+        handoff = cast(queue.Queue, self._handoff)
         while not self._stop.is_set():
             try:
-                self._queue.put(entry, timeout=0.1)
+                entry = handoff.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if entry is _END or isinstance(entry, _Failure):
+                self._put(self._queue, entry)
+                return
+            step, item = cast(tuple[int, object], entry)
+            del entry
+            try:
+                done = finish(step, item)
+            except BaseException as error:  # handed to the consumer, never dropped
+                self._put(self._queue, _Failure(error))
+                return
+            del item
+            began = time.perf_counter()
+            self._put(self._queue, (step, done))
+            self._counted(began)
+            del done
+
+    def _counted(self, began: float) -> None:
+        self._timings.add("wait_consumer", time.perf_counter() - began)
+        self._timings.num_batches += 1
+
+    def _put(self, out: queue.Queue[object], entry: object) -> None:
+        while not self._stop.is_set():
+            try:
+                out.put(entry, timeout=0.1)
                 return
             except queue.Full:
                 continue

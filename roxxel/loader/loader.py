@@ -12,6 +12,7 @@ the next ``prefetch`` batches into reusable host buffers and places them.
 from __future__ import annotations
 
 import dataclasses
+import os
 import resource
 import sys
 import time
@@ -381,8 +382,14 @@ class Loader:
         if self._closed:
             return None
         if self._prefetcher is None:
+            assembler = self._assembler
+            apart = self._sharding is not None and places_apart(self._sharding)
             self._prefetcher = Prefetcher(
-                self._assembler, self._step, self.config.prefetch, self._timings
+                assembler.gather if apart else assembler,
+                self._step,
+                self.config.prefetch,
+                self._timings,
+                finish=assembler.place if apart else None,
             )
         try:
             entry = self._prefetcher.get()
@@ -420,14 +427,18 @@ class _Assembler:
         self._sliced = None
         if config.host_threads is not None:
             self._sliced = SlicedTransform(config.host_transform, config.host_threads)
+        self._readers = None  # reads large batches when neither option above asks for threads
+        if config.host_threads is None and config.host_transform is None and READ_THREADS > 1:
+            self._readers = SlicedTransform(None, READ_THREADS)
         self._registrar: Registrar | None = None
         if sharding is not None and config.pin_host:
             self._registrar = registrar_for(_devices_of(sharding))
 
     def stop_helpers(self) -> None:
         """Join the host transform's helper threads (a later batch starts them again)."""
-        if self._sliced is not None:
-            self._sliced.close()
+        for sliced in (self._sliced, self._readers):
+            if sliced is not None:
+                sliced.close()
 
     def close(self) -> None:
         """Join the helper threads; drop (unpin) the free host buffers."""
@@ -451,6 +462,14 @@ class _Assembler:
         return rows
 
     def __call__(self, step: int) -> Batch | None:
+        """The batch of `step`, gathered and placed in the calling thread."""
+        host = self.gather(step)
+        if host is None or self._sharding is None:
+            return host
+        return self.place(step, host)
+
+    def gather(self, step: int) -> Batch | None:
+        """The host batch of `step` (this process's rows, host-transformed); None at the end."""
         if _past_bound(self._picker, step):  # the stream ends where positions would wrap
             return None
         batch_size = self._picker.batch_size_at(step)
@@ -465,24 +484,30 @@ class _Assembler:
         ).acquire()
         self._add_extras(pick, rows, host)
         faults = _major_faults()
-        if self._sliced is None:
+        sliced = self._sliced
+        if sliced is None and sum(a.nbytes for a in host.values()) >= THREADED_READ_BYTES:
+            sliced = self._readers  # None below 4 cores or with a transform
+        if sliced is None:
             self._picker.fill(pick, host)
             began = self._lap("gather", began)
             host = self._transform(step, rows, host)
         else:  # gather and transform row slices in threads: the two overlap
-            host = self._sliced(host, rows, self._rng_for(step), self._slice_filler(pick))
+            host = sliced(host, rows, self._rng_for(step), self._slice_filler(pick))
             now = time.perf_counter()  # the wall time split by the threads' time reading
-            self.timings.add("gather", (now - began) * self._sliced.read_share)
-            began = now - (now - began) * (1 - self._sliced.read_share)
+            self.timings.add("gather", (now - began) * sliced.read_share)
+            began = now - (now - began) * (1 - sliced.read_share)
         if (
             faults is None or _major_faults() != faults
         ):  # cold pages: keep reading ahead for a while
             self._cold_until = step + 1 + _COLD_STEPS * self._config.readahead
-        began = self._lap("transform", began)
-        if self._sharding is None:
-            return host
-        plans = self._plans_for(batch_size, host)
-        placed = device.place_fields(plans, host, rows=rows)
+        self._lap("transform", began)
+        return host
+
+    def place(self, step: int, host: Batch) -> Batch:
+        """`step`'s host batch on the devices of the sharding, device-transformed."""
+        began = time.perf_counter()
+        plans = self._plans_for(self._picker.batch_size_at(step), host)
+        placed = device.place_fields(plans, host, rows=self.check(step))
         del host
         if self._device_fn is not None:
             key = jax.random.fold_in(jax.random.key(self._seed), step)
@@ -580,6 +605,19 @@ class _Assembler:
         return self._picker.pick(target, self.check(target))
 
 
+def places_apart(sharding: Any) -> bool:
+    """Whether batches are placed in a thread of their own, overlapping the next gather:
+    where placement is a real copy (a GPU or TPU), not on CPU, where it aliases host memory."""
+    return any(d.platform != "cpu" for d in _devices_of(sharding))
+
+
+def _read_threads() -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min(4, (cores or 1) // 2)
+
+
+READ_THREADS = _read_threads()  # threads reading a large batch (1 below 4 cores)
+THREADED_READ_BYTES = 1 << 20  # the batches they read: this many host bytes or more
 _COLD_STEPS = 8  # read ahead this many times `readahead` steps after the last major fault
 # fetching for a dataset at a URL: up to this many times `readahead` steps ahead, at most
 # _FETCH_BURST steps further per batch, while fewer than _FETCH_QUEUED downloads wait

@@ -72,11 +72,13 @@ def reference(inputs, tmp_path_factory) -> Path:
     return out
 
 
-def _task_args(inputs, url, s3, task: int, num_tasks: int, stage: Path) -> list[str]:
+def _task_args(
+    inputs, url, s3, task: int, num_tasks: int, stage: Path, workers: int = 1
+) -> list[str]:
     return [
         "pack", *inputs, "-o", url, *PACK_FLAGS, *SIZES, "--num-tasks", str(num_tasks),
         "--task-index", str(task), "--storage-options", json.dumps(s3.options),
-        "--cache-dir", str(stage), "--workers", "1",
+        "--cache-dir", str(stage), "--workers", str(workers),
     ]  # fmt: skip
 
 
@@ -117,8 +119,8 @@ def test_issue15_remote_pack_two_task_processes_equal_a_local_one_task_pack(
     prefix = f"{BUCKET}/two-tasks"
     url = f"s3://{prefix}"
     tasks = [
-        _run_task(_task_args(inputs, url, s3, task, 2, tmp_path / f"machine-{task}"))
-        for task in range(2)
+        _run_task(_task_args(inputs, url, s3, task, 2, tmp_path / f"machine-{task}", 2 - task))
+        for task in range(2)  # task 0 with a worker process beside it
     ]
     outputs = [t.communicate(timeout=120) for t in tasks]
     assert [t.returncode for t in tasks] == [0, 0], outputs
@@ -266,5 +268,8 @@ def test_issue15_cache_dir_flag_puts_fetched_shards_where_the_user_says(
     )
     assert main(["plan", str(toml), "--steps", "3", "--cache-dir", str(chosen)]) == 0
     assert "web" in capsys.readouterr().out
+    peek = ["peek", url, "--step", "0", "--batch-size", "4", "--rows", "1", "--json"]
+    assert main([*peek, "--cache-dir", str(chosen)]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1
     assert not default.exists()  # nothing went to $ROXXEL_CACHE_DIR
     assert main(["info", str(local), "--cache-dir", str(chosen)]) == 0  # a local DIR: read in place

@@ -11,6 +11,7 @@ batch size (`Loader.peek`); this command loads jax, as the loader does.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from roxxel.cli.args import UsageError
+from roxxel.cli.args import UsageError, add_cache_dir_flag, url_cache_dir
 from roxxel.cli.plan import open_plan_source
 from roxxel.errors import ConfigError
 from roxxel.format.dataset import Dataset, open_dataset
@@ -58,6 +59,7 @@ def add_peek_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--field", metavar="F", help="the field to show (and to cut windows from)")
     p.add_argument("--no-shuffle", action="store_true", help="a dataset read in its order")
     p.add_argument("--json", action="store_true", help="one JSON object per row, all values")
+    add_cache_dir_flag(p)
     p.set_defaults(func=cmd_peek)
 
 
@@ -98,9 +100,10 @@ def _open(args: argparse.Namespace) -> tuple[Any, list[Dataset]]:
     if Path(args.source).is_file():  # a mixture TOML
         if args.seq_len is not None:
             raise UsageError("--seq-len is for a dataset (a mixture's sources set seq_len)")
-        mixture = Mixture.from_toml(args.source, open_plan_source)
+        opener = functools.partial(open_plan_source, cache_dir=args.cache_dir)
+        mixture = Mixture.from_toml(args.source, opener)
         return mixture, _datasets(mixture)
-    dataset = open_dataset(args.source)
+    dataset = open_dataset(args.source, cache_dir=url_cache_dir(args.source, args.cache_dir))
     if args.batch_size is None:
         raise UsageError("a dataset needs --batch-size (the loader's global batch size)")
     if args.seq_len is None:

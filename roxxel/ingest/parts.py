@@ -681,7 +681,7 @@ def prepare_remote(store: RemoteStore, plan: PackSpec, overwrite: bool, create: 
     old = _read_object(store, _REMOTE_PLAN)
     manifest = _read_object(store, MANIFEST_NAME)
     if manifest is not None:
-        if old == want and _made_by(manifest, plan):
+        if _made_by(manifest, plan):  # this pack's (a pack that staged it all, too)
             return True
         if not overwrite:
             raise _holds(url, "a dataset made otherwise")

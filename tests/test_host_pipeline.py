@@ -426,9 +426,7 @@ def _raises_on_device(batch, key):
     raise RuntimeError("placement failed")
 
 
-def test_issue16_a_placement_error_reaches_the_consumer_and_no_thread_is_left(
-    dataset, monkeypatch
-):
+def test_issue16_a_placement_error_reaches_the_consumer_and_no_thread_is_left(dataset, monkeypatch):
     monkeypatch.setattr(loader_module, "places_apart", lambda sharding: True)
     mesh = Mesh(np.array(jax.devices()), ("data",))
     config = LoaderConfig(device_transform=_raises_on_device)
@@ -450,25 +448,6 @@ def test_issue16_break_and_exhaustion_join_the_placer(dataset, monkeypatch):
     finite = Loader(dataset, 8, sharding=(mesh, P("data")))
     assert len(list(finite)) == NUM_RECORDS // 8
     assert not _host_threads()
-
-
-def test_issue16_large_batches_are_read_in_threads_with_the_same_rows(dataset, monkeypatch):
-    reference = _run(dataset, 5)
-    monkeypatch.setattr(loader_module, "READ_THREADS", 3)
-    monkeypatch.setattr(loader_module, "THREADED_READ_BYTES", 64)
-    seen = []
-    fill = SlicedTransform.__call__
-
-    def spy(self, *args, **kwargs):
-        seen.append(self._num_threads)
-        return fill(self, *args, **kwargs)
-
-    monkeypatch.setattr(SlicedTransform, "__call__", spy)
-    _assert_same(_run(dataset, 5), reference)
-    assert seen and set(seen) == {3}
-    seen.clear()
-    _run(dataset, 2, host_transform=_noisy_in_place)  # a transform: its own rng, one thread
-    assert not seen
 
 
 def test_an_iterator_left_open_at_exit_prints_nothing(tmp_path):

@@ -334,19 +334,18 @@ def loader16_rows(jax, dev, cases: dict, rates: dict, seconds: float) -> tuple[l
     import roxxel
 
     rows, per_batch = [], {}
-    variants = {  # name: (pin_host, threads reading a batch, placed in a thread of its own)
-        "pinned ring": (True, 1, True),
-        "pinned ring, reads in 4 threads": (True, 4, True),
-        "pinned ring, one thread (gather and placement in the pipeline thread)": (True, 1, False),
-        "pin_host=False": (False, 1, True),
+    variants = {  # name: (pin_host, placed in a thread of its own)
+        "pinned ring": (True, True),
+        "pinned ring, one thread (gather and placement in the pipeline thread)": (True, False),
+        "pin_host=False": (False, True),
     }
     for name, (source, batch, nbytes, ref_size) in cases.items():
         got = {}
-        for variant, (pin, readers, apart) in variants.items():
+        for variant, (pin, apart) in variants.items():
             config = roxxel.LoaderConfig(num_epochs=None, pin_host=pin)
             sharding = SingleDeviceSharding(dev)
             with (
-                _pipeline(readers, apart),
+                _pipeline(apart),
                 roxxel.Loader(source, batch, seed=0, sharding=sharding, config=config) as ld,
             ):
                 it = iter(ld)
@@ -367,18 +366,17 @@ def loader16_rows(jax, dev, cases: dict, rates: dict, seconds: float) -> tuple[l
 
 
 @contextlib.contextmanager
-def _pipeline(readers: int, apart: bool):
-    """The Loader with `readers` threads reading a large batch, placing in a thread of its
-    own (apart) or in the pipeline thread."""
+def _pipeline(apart: bool):
+    """The Loader placing batches in a thread of its own (apart, its default on a GPU) or in
+    the pipeline thread, after the gather."""
     from roxxel.loader import loader as module
 
-    saved = module.READ_THREADS, module.places_apart
-    module.READ_THREADS = readers
+    saved = module.places_apart
     module.places_apart = lambda sharding: apart
     try:
         yield
     finally:
-        module.READ_THREADS, module.places_apart = saved
+        module.places_apart = saved
 
 
 def _said(stats) -> str:
@@ -446,7 +444,7 @@ def step16_rows(
             reps, _ = _calibrate(step, resident[0], times * per_batch[name], seconds / 4)
             t_dev = _in_flight(step, reps, lambda k, r=resident: r[k % 4], seconds)
             with (
-                _pipeline(1, apart),
+                _pipeline(apart),
                 roxxel.Loader(source, batch, seed=2, sharding=sh, config=config) as ld,
             ):
                 it = iter(ld)

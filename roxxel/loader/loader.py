@@ -12,7 +12,6 @@ the next ``prefetch`` batches into reusable host buffers and places them.
 from __future__ import annotations
 
 import dataclasses
-import os
 import resource
 import sys
 import time
@@ -81,8 +80,9 @@ class LoaderConfig:
             slice's rows first; fields the transform returns in place cost no copy.
         pin_host: stage batches bound for CUDA devices in page-locked host buffers (the
             gather writes into them; the copy to the device runs at the link's full rate);
-            no effect on CPU, or where the CUDA runtime does not load. Off by default until
-            it has been measured on a GPU (``benchmarks/device/run.sh``).
+            no effect on CPU, or where the CUDA runtime does not load. On an H100 it made
+            the Loader 1.1-1.5x faster to the device (``benchmarks/device/run.sh``); turn
+            it off where page-locked memory is scarce.
         device_transform: ``fn(batch, key) -> batch``, jitted, applied after placement;
             ``key`` is ``jax.random.fold_in(jax.random.key(seed), step)``.
         max_batch_bytes: the most host bytes one global batch may take (its rows times the
@@ -108,7 +108,7 @@ class LoaderConfig:
     readahead: int = 2
     host_transform: Callable[[Batch, np.random.Generator], Batch] | None = None
     host_threads: int | None = None
-    pin_host: bool = False
+    pin_host: bool = True
     device_transform: Callable[[Batch, Any], Batch] | None = None
     max_batch_bytes: int = 1 << 32
     shuffle_group_shards: int | None = None
@@ -427,18 +427,14 @@ class _Assembler:
         self._sliced = None
         if config.host_threads is not None:
             self._sliced = SlicedTransform(config.host_transform, config.host_threads)
-        self._readers = None  # reads large batches when neither option above asks for threads
-        if config.host_threads is None and config.host_transform is None and READ_THREADS > 1:
-            self._readers = SlicedTransform(None, READ_THREADS)
         self._registrar: Registrar | None = None
         if sharding is not None and config.pin_host:
             self._registrar = registrar_for(_devices_of(sharding))
 
     def stop_helpers(self) -> None:
         """Join the host transform's helper threads (a later batch starts them again)."""
-        for sliced in (self._sliced, self._readers):
-            if sliced is not None:
-                sliced.close()
+        if self._sliced is not None:
+            self._sliced.close()
 
     def close(self) -> None:
         """Join the helper threads; drop (unpin) the free host buffers."""
@@ -485,8 +481,6 @@ class _Assembler:
         self._add_extras(pick, rows, host)
         faults = _major_faults()
         sliced = self._sliced
-        if sliced is None and sum(a.nbytes for a in host.values()) >= THREADED_READ_BYTES:
-            sliced = self._readers  # None below 4 cores or with a transform
         if sliced is None:
             self._picker.fill(pick, host)
             began = self._lap("gather", began)
@@ -611,13 +605,6 @@ def places_apart(sharding: Any) -> bool:
     return any(d.platform != "cpu" for d in _devices_of(sharding))
 
 
-def _read_threads() -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return min(4, (cores or 1) // 2)
-
-
-READ_THREADS = _read_threads()  # threads reading a large batch (1 below 4 cores)
-THREADED_READ_BYTES = 1 << 20  # the batches they read: this many host bytes or more
 _COLD_STEPS = 8  # read ahead this many times `readahead` steps after the last major fault
 # fetching for a dataset at a URL: up to this many times `readahead` steps ahead, at most
 # _FETCH_BURST steps further per batch, while fewer than _FETCH_QUEUED downloads wait

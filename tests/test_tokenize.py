@@ -8,8 +8,10 @@ vocabulary (tiktoken loads it from the file; nothing is downloaded).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -23,6 +25,7 @@ import pytest
 import roxxel
 from roxxel.cli import main
 from roxxel.errors import ConfigError
+from roxxel.ingest import tokenize
 from roxxel.ingest.tokenize import TIKTOKEN_PATTERN, load_tokenizer
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -310,3 +313,53 @@ def test_issue13_item11_peek_decodes_with_the_tokenizer_the_pack_recorded(toks, 
     assert main(argv) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line]
     assert all(row["text"] is None for row in rows)
+
+
+@pytest.mark.parametrize("num_cores", [2, 8])
+def test_issue14_speed_each_pack_process_tokenizes_with_its_share_of_the_cores(
+    toks, tmp_path, monkeypatch, num_cores
+):
+    """HF tokenizers starts a thread per core in every process that encodes: 2 pack
+    processes on 2 cores ran 4 threads, spinning on each other. Each process (the main one
+    included) now encodes in its share: on 2 cores in its own thread (parallelism off), on
+    8 with a pool of 4; the caller's environment is left as it was."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(num_cores)))
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    real = tokenize._LOADERS["hf"]
+
+    def spy(path: str) -> tokenize.Tokenizer:
+        tok = real(path)
+
+        def encode(texts: list[str]) -> list[list[int]]:
+            env = [os.environ.get(k, "-") for k in ("TOKENIZERS_PARALLELISM", "RAYON_NUM_THREADS")]
+            (seen / str(os.getpid())).write_text(" ".join(env))
+            return tok.encode_batch(texts)
+
+        return dataclasses.replace(tok, encode_batch=encode)
+
+    monkeypatch.setitem(tokenize._LOADERS, "hf", spy)
+    monkeypatch.setattr(tokenize, "_LOADED", {})
+    src = _jsonl(tmp_path / "c.jsonl", _texts(300))
+    argv = [src, "-o", tmp_path / "ds", "--tokenizer", toks["hf"], "--unit-bytes", "4K"]
+    assert _pack(*argv, "--workers", 2, "--start-method", "fork") == 0
+    expected = "false -" if num_cores == 2 else "- 4"
+    assert [p.read_text() for p in seen.iterdir()] == [expected] * 2
+    assert "TOKENIZERS_PARALLELISM" not in os.environ and "RAYON_NUM_THREADS" not in os.environ
+
+
+def test_issue14_speed_token_ids_over_the_dtype_in_mid_batch_name_their_record(
+    toks, tmp_path, capsys
+):
+    """The ids of a batch are converted and range-checked as one array; the record named is
+    still the one holding the id (here the 300th of 400, with BOS and EOS around each)."""
+    texts = ["a"] * 400
+    texts[299] = "the quick brown fox " * 3
+    src = _jsonl(tmp_path / "c.jsonl", texts)
+    argv = [src, "-o", tmp_path / "ds", "--tokenizer", toks["hf"], "--field", "tokens:uint8[]"]
+    assert _pack(*argv, "--eos-id", "0", "--append-eos") == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"{src}:300:" in err and "uint8" in err

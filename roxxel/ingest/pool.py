@@ -38,6 +38,7 @@ from roxxel import errors
 from roxxel.errors import ConfigError, RoxxelError
 from roxxel.ingest.inputs import BadRecords, ReadOptions, WorkUnit
 from roxxel.ingest.pack import PackConfig, UnitResult, pack_unit
+from roxxel.ingest.tokenize import cores_shared
 
 __all__ = ["START_METHODS", "UnitPool", "start_method"]
 
@@ -77,6 +78,7 @@ class UnitPool:
     ):
         self.config, self.units, self.lock_fds = config, units, tuple(lock_fds)
         num_procs = max(0, min(workers, len(units)) - 1)
+        self.num_processes = num_procs + 1  # each tokenizes with its share of the cores
         if method not in START_METHODS:
             raise ConfigError(f"start method {method!r} (expected one of {START_METHODS})")
         self.method = start_method() if method == "auto" else method
@@ -103,7 +105,7 @@ class UnitPool:
         inherited = list(self.pipes) if self.method == "fork" else []
         held = [_HeldFd(fd) for fd in self.lock_fds]
         parent = None if self.method == "forkserver" else os.getpid()
-        args = (config_json, plan, self.counter, send, inherited, held, parent)
+        args = (config_json, plan, self.counter, send, inherited, held, parent, self.num_processes)
         proc = ctx.Process(target=_work, args=args)
         proc.start()
         send.close()
@@ -112,9 +114,10 @@ class UnitPool:
 
     def results(self) -> Iterator[UnitResult]:
         """Each unit's result as it ends (this process's units and the workers')."""
-        while (index := _take(self.counter, len(self.units))) is not None:
-            yield pack_unit(self.config, self.units[index])
-            yield from self._collect(block=False)
+        with cores_shared(self.num_processes):
+            while (index := _take(self.counter, len(self.units))) is not None:
+                yield pack_unit(self.config, self.units[index])
+                yield from self._collect(block=False)
         while self.pipes:
             yield from self._collect(block=True)
 
@@ -179,11 +182,13 @@ def _work(
     inherited: list[Connection],
     held: list[_HeldFd],
     parent: int | None,
+    num_processes: int,
 ) -> None:
     """A worker process: pack units until none is left, reporting each on ``pipe``.
 
     ``held`` (the output's locks) stay open until the process ends; ``parent`` is the pid
-    of the parent process, or None when a forkserver started this one.
+    of the parent process, or None when a forkserver started this one; ``num_processes``
+    (the pack's, this one included) share the cores.
     """
     _die_with_parent(parent)
     for other in inherited:
@@ -191,9 +196,10 @@ def _work(
     units = [WorkUnit.from_json(u) for u in json.loads(plan)]
     try:
         config = _config_from_json(config_json)
-        while (index := _take(counter, len(units))) is not None:
-            result = dataclasses.asdict(pack_unit(config, units[index]))
-            pipe.send_bytes(json.dumps({"result": result}).encode())
+        with cores_shared(num_processes):
+            while (index := _take(counter, len(units))) is not None:
+                result = dataclasses.asdict(pack_unit(config, units[index]))
+                pipe.send_bytes(json.dumps({"result": result}).encode())
         pipe.send_bytes(b'{"done": true}')
     except BrokenPipeError:
         pass  # the main process is gone: nothing to report to

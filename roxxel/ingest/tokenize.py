@@ -7,7 +7,8 @@ are the optional extra ``roxxel[tokenizers]``, imported only when a tokenizer is
 
 Each pack worker loads the tokenizer once, checks its file still has the hash planned, and
 encodes a work unit's texts in batches (``encode_batch``), so the tokenizer runs in every
-worker at once. A record ``{text_field: str, ...}`` becomes ``{field: ids, kept...}`` with
+worker at once; within `cores_shared`, each process's tokenizer uses only its share of the
+cores (all three libraries default to a thread per core in every process). A record ``{text_field: str, ...}`` becomes ``{field: ids, kept...}`` with
 the ids as an array of the token dtype: the smallest unsigned type that holds the
 vocabulary (`token_dtype`) unless the schema says otherwise. Special tokens are never added
 by the tokenizer itself; ``append_eos`` / ``prepend_bos`` add the tokenizer's own.
@@ -16,8 +17,10 @@ by the tokenizer itself; ``append_eos`` / ``prepend_bos`` add the tokenizer's ow
 from __future__ import annotations
 
 import binascii
+import contextlib
 import hashlib
 import importlib
+import itertools
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,6 +36,8 @@ __all__ = [
     "TIKTOKEN_PATTERN",
     "TokenizeConfig",
     "Tokenizer",
+    "cores_shared",
+    "encode_threads",
     "file_sha256",
     "load_tokenizer",
     "token_dtype",
@@ -48,6 +53,7 @@ _EOS_NAMES = ("</s>", "<|endoftext|>", "<eos>", "<|eos|>", "[SEP]", "<|end_of_te
 _BOS_NAMES = ("<s>", "<|startoftext|>", "<bos>", "<|bos|>", "[CLS]", "<|begin_of_text|>")
 TokenizerKind = Literal["hf", "sentencepiece", "tiktoken"]
 Where = tuple[Piece, int]
+_THREADS: list[int] = []  # this process's tokenizer threads while in cores_shared (a stack)
 
 
 def tokenizer_kind(path: str) -> TokenizerKind:
@@ -149,7 +155,7 @@ def _load_sentencepiece(path: str) -> Tokenizer:
         ) from None
 
     def encode(texts: list[str]) -> list[list[int]]:
-        return sp.encode(texts, out_type=int)
+        return sp.encode(texts, out_type=int, num_threads=_THREADS[-1] if _THREADS else -1)
 
     eos, bos = int(sp.eos_id()), int(sp.bos_id())
     return Tokenizer(
@@ -179,7 +185,7 @@ def _load_tiktoken(path: str) -> Tokenizer:
         ) from None
 
     def encode(texts: list[str]) -> list[list[int]]:
-        return enc.encode_ordinary_batch(texts, num_threads=1)
+        return enc.encode_ordinary_batch(texts, num_threads=_THREADS[-1] if _THREADS else 1)
 
     return Tokenizer("tiktoken", int(enc.n_vocab), encode, None, None)
 
@@ -190,6 +196,48 @@ _LOADERS: dict[TokenizerKind, Callable[[str], Tokenizer]] = {
     "tiktoken": _load_tiktoken,
 }
 _LOADED: dict[tuple[str, str], Tokenizer] = {}
+
+
+def encode_threads(num_processes: int, num_cores: int | None = None) -> int:
+    """Tokenizer threads for one of ``num_processes`` processes sharing ``num_cores`` (this
+    process's CPU affinity by default): its share, at least one.
+
+    >>> encode_threads(2, num_cores=2), encode_threads(2, num_cores=16), encode_threads(8, num_cores=2)
+    (1, 8, 1)
+    """
+    check_int("processes", num_processes, low=1)
+    cores = len(os.sched_getaffinity(0)) if num_cores is None else num_cores
+    return max(1, cores // num_processes)
+
+
+@contextlib.contextmanager
+def cores_shared(num_processes: int) -> Iterator[int]:
+    """Within: this process's tokenizers encode with `encode_threads` threads (yielded).
+
+    Every library defaults to a thread per core in each process, so N pack processes would
+    run N times as many threads as cores, spinning and waiting on each other. SentencePiece
+    and tiktoken take the count per call; HF tokenizers reads the environment: one thread
+    sets ``TOKENIZERS_PARALLELISM=false`` (the batch is encoded in the calling thread, no
+    pool), more set ``RAYON_NUM_THREADS`` (obeyed when the process has not encoded in
+    parallel yet). A variable the user set is kept; the ones set here are restored on exit.
+    Not thread-safe: enter it before starting threads that encode.
+    """
+    threads = encode_threads(num_processes)
+    # HF reads TOKENIZERS_PARALLELISM at every encode_batch, RAYON_NUM_THREADS once, when
+    # its thread pool starts
+    key, value = (
+        ("TOKENIZERS_PARALLELISM", "false") if threads == 1 else ("RAYON_NUM_THREADS", str(threads))
+    )
+    added = key not in os.environ
+    if added:
+        os.environ[key] = value
+    _THREADS.append(threads)
+    try:
+        yield threads
+    finally:
+        _THREADS.pop()
+        if added:
+            os.environ.pop(key, None)
 
 
 def load_tokenizer(path: str, sha256: str | None = None) -> Tokenizer:
@@ -325,20 +373,27 @@ def _encoded(
     specials: tuple[list[int], list[int]],
     locate: Callable[[Piece, int], str],
 ) -> Iterator[Located]:
+    """The batch's records with their token ids: one array for the whole batch (one
+    conversion from Python ints, one range check), each record's ids a view of it."""
     if not batch:
         return
-    ids = tok.encode_batch([r[config.text_field] for r, _, _ in batch])
-    dtype = np.dtype(config.dtype)
-    high = np.iinfo(dtype).max if dtype.kind in "iu" else None
     before, after = specials
-    for (record, piece, key), row in zip(batch, ids, strict=True):
-        tokens = np.array(before + row + after if before or after else row, dtype=np.int64)
-        if high is not None and tokens.size and int(tokens.max()) > high:
-            raise ConfigError(
-                f"{locate(piece, key)}: token id {int(tokens.max())} (expected <= {high}, the "
-                f"largest {config.dtype}: pick a wider dtype with --field "
-                f"{config.out_field}:uint32[])"
-            )
-        out = {config.out_field: tokens.astype(dtype)}
+    rows = tok.encode_batch([r[config.text_field] for r, _, _ in batch])
+    if before or after:
+        rows = [before + row + after for row in rows]
+    ends = np.cumsum(np.fromiter(map(len, rows), np.int64, len(rows)))
+    flat = np.fromiter(itertools.chain.from_iterable(rows), np.int64, int(ends[-1]))
+    dtype = np.dtype(config.dtype)
+    if dtype.kind in "iu" and flat.size and int(flat.max()) > np.iinfo(dtype).max:
+        at = int(np.argmax(flat > np.iinfo(dtype).max))
+        _, piece, key = batch[int(np.searchsorted(ends, at, "right"))]
+        raise ConfigError(
+            f"{locate(piece, key)}: token id {int(flat[at])} (expected <= "
+            f"{np.iinfo(dtype).max}, the largest {config.dtype}: pick a wider dtype with "
+            f"--field {config.out_field}:uint32[])"
+        )
+    ids = np.split(flat.astype(dtype), ends[:-1])
+    for (record, piece, key), tokens in zip(batch, ids, strict=True):
+        out = {config.out_field: tokens}
         out.update((k, record[k]) for k in config.keep_fields)
         yield out, piece, key

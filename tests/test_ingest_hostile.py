@@ -217,6 +217,31 @@ def test_issue12_clear_errors_json_true_into_an_int_field_is_refused(tmp_path, c
     assert f"{src}:1" in err and "JSON true" in err
 
 
+@pytest.mark.parametrize(
+    ("value", "spec"),
+    [
+        ([1, True, 3], "int32[]"),  # the typed fast path read true as 1
+        ([5, 0, False], "int64[]"),
+        ([2.5, False], "float32[]"),  # numpy read false as 0.0
+        ([[1, 2], [3, True]], "int32[,2]"),  # nested lists take the checked path
+    ],
+)
+def test_issue12_clear_errors_json_true_inside_a_list_of_numbers_is_refused(
+    tmp_path, capsys, value, spec
+):
+    src = _jsonl(tmp_path / "b.jsonl", [{"x": value}])
+    assert _run("pack", src, "-o", tmp_path / "ds", "--field", f"x:{spec}", "-q") == 1
+    err = _one_line_error(capsys)
+    assert f"{src}:1" in err and "JSON true" in err
+
+
+def test_issue12_clear_errors_ones_and_zeros_in_a_list_are_numbers(tmp_path):
+    src = _jsonl(tmp_path / "m.jsonl", [{"x": [1, 0, 1, 7]}, {"x": [0, 1.0]}])
+    assert _run("pack", src, "-o", tmp_path / "ds", "--field", "x:float32[]", "-q") == 0
+    ds = roxxel.open_dataset(tmp_path / "ds")
+    assert ds[0]["x"].tolist() == [1, 0, 1, 7] and ds[1]["x"].tolist() == [0, 1]
+
+
 # ---- issue 12 item 11: FIFOs, devices, symlink loops --------------------------------------
 
 

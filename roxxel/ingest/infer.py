@@ -227,9 +227,12 @@ def _list_array(value: list[Any], field_: Field) -> Any:
     code = _TYPECODES.get(field_.dtype)
     if code is not None and type(value[0]) is int:  # 1-D ints: one C loop, no min/max pass
         try:
-            return np.frombuffer(typed_array(code, value), field_.dtype)
+            array = np.frombuffer(typed_array(code, value), field_.dtype)
         except (OverflowError, TypeError):
             pass  # a float, a nested list or an out-of-range value: the checked path names it
+        else:
+            _refuse_bools(value, array, field_)
+            return array
     try:
         array = np.asarray(value)
     except ValueError as e:  # ragged nested lists
@@ -237,10 +240,8 @@ def _list_array(value: list[Any], field_: Field) -> Any:
     target = field_.dtype
     if array.size == 0:  # e.g. [[]]: no value to check; the writer judges the shape
         return array.astype(target)
-    if array.dtype.kind == "b" and target.kind != "b":
-        raise ConfigError(
-            f"field {field_.name!r}: JSON true/false (expected numbers: {field_.spec})"
-        )
+    if target.kind != "b":
+        _refuse_bools(value, array, field_)
     if array.dtype.kind == "f" and target.kind in "iu":
         fraction = array != np.round(array)
         at = np.argmax(fraction) if fraction.any() else np.argmax(np.abs(array))
@@ -254,6 +255,35 @@ def _list_array(value: list[Any], field_: Field) -> Any:
         if info.min <= array.min() and array.max() <= info.max:
             return array.astype(target)
     return array
+
+
+def _refuse_bools(value: list[Any], array: np.ndarray, field_: Field) -> None:
+    """Refuse a JSON true/false among numbers: Python and numpy read them as 1 and 0, so
+    only the values 0 and 1 are looked at (the rest of a long list costs one numpy pass)."""
+    if array.dtype.kind == "b":
+        found = True
+    elif array.dtype.kind not in "iuf":
+        return
+    else:
+        zero_one = _zero_or_one(array)
+        if array.ndim == 1 and len(value) == len(array):
+            found = any(type(value[i]) is bool for i in np.flatnonzero(zero_one).tolist())
+        else:
+            found = bool(zero_one.any()) and _holds_bool(value)
+    if found:
+        raise ConfigError(
+            f"field {field_.name!r}: JSON true/false (expected numbers: {field_.spec})"
+        )
+
+
+def _zero_or_one(array: np.ndarray) -> np.ndarray:
+    if array.dtype.kind in "iu":  # one compare: negatives read as unsigned are large
+        return array.view(f"u{array.dtype.itemsize}") <= 1
+    return (array == 0) | (array == 1)
+
+
+def _holds_bool(value: list[Any]) -> bool:
+    return any(type(v) is bool or (type(v) is list and _holds_bool(v)) for v in value)
 
 
 @functools.cache

@@ -1,20 +1,31 @@
 """Datasets at a URL (issue 15): ratios against an S3 API server (moto's) on 127.0.0.1.
 
-``python -m benchmarks.remote [--mib 64] [--shards 32]`` starts the server (its own process), uploads a
-generated token dataset and prints, as ratios of one run on one machine:
+``python -m benchmarks.remote [--mib 64] [--shards 32] [--repeats 5]`` starts the server (its
+own process), uploads a generated token dataset (records of 2048 int32) and prints medians over
+``--repeats`` rounds, each round measuring every variant in turn (the order rotates by round,
+so a change of load hits all of them alike):
 
-- time to first batch from a cold cache / time to fetch only the shards that batch reads
-  (the issue's limit: at most 1.5);
-- an epoch's throughput through the Loader with the cache warming up (shuffled, then in
-  order) / the server's bulk download rate of the same shards, 8 parallel GETs (at least 0.8).
+- time to the first shuffled batch from a cold cache / time to fetch only the shards that batch
+  reads, as raw GETs, 8 in parallel (the issue's limit: at most 1.5); also / the same shards
+  through roxxel's cache (download + verify + fsync + rename), to show the Loader's own share;
+- an epoch through the Loader with the cache warming up (shuffled, and in order) / the
+  server's bulk rate: every shard as one whole-object GET, 8 in parallel, into memory (at least
+  0.8); boto3's ``get_object`` over the same 8 threads is printed beside it for reference;
+- MosaicML Streaming (``--streaming``, on by default when its venv from ``benchmarks.venvs``
+  installs): the same records written as MDS (``ndarray:int32:2048``, uncompressed, shards of
+  the same size) to the same server, read by ``StreamingDataset(remote=s3://..., local=<fresh
+  dir>, shuffle=True, batch_size=32)`` in its own process, vs roxxel's ``open_dataset`` +
+  ``Loader`` from a fresh cache dir: time to the first batch (at most 0.5x Streaming's) and
+  shuffled batches per second over an epoch (at least 2x), both counted from opening.
 
-MosaicML Streaming's ``StreamingDataset`` is not compared here (not installed in this
-environment); docs/remote.md lists that as not done. Needs ``roxxel[s3]`` and ``moto[server]``.
+Needs ``roxxel[s3]`` and ``moto[server]`` (and, for Streaming, ``python -m benchmarks.venvs
+streaming``). Prints one JSON object; ``uptime`` is printed before and after.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import socket
@@ -22,7 +33,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -30,6 +43,7 @@ from typing import Any
 import numpy as np
 
 import roxxel
+from benchmarks import venvs
 from roxxel.format.cache import CacheConfig, ShardCache
 from roxxel.format.dataset import Dataset
 
@@ -39,67 +53,175 @@ CREDENTIALS = {
     "AWS_SECRET_ACCESS_KEY": "bench",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
+TOKENS_PER_RECORD = 2048
+GETS_IN_PARALLEL = 8
+
+# Run by the streaming venv's python: `write NPY OUT SHARD_BYTES` or `read URL LOCAL BATCH`.
+_STREAMING = textwrap.dedent(
+    """
+    import json, sys, time
+    import numpy as np
+    from streaming import MDSWriter, StreamingDataset
+    from streaming.base.util import clean_stale_shared_memory
+
+    if sys.argv[1] == "write":
+        tokens = np.load(sys.argv[2])
+        columns = {"tokens": f"ndarray:int32:{tokens.shape[1]}"}
+        limit = int(sys.argv[4])
+        with MDSWriter(out=sys.argv[3], columns=columns, compression=None, size_limit=limit) as w:
+            for row in tokens:
+                w.write({"tokens": row})
+        sys.exit(0)
+    clean_stale_shared_memory()
+    url, local, batch = sys.argv[2], sys.argv[3], int(sys.argv[4])
+    start = time.perf_counter()
+    dataset = StreamingDataset(remote=url, local=local, shuffle=True, batch_size=batch)
+    first, num_batches, rows = None, 0, []
+    for sample in dataset:
+        rows.append(sample["tokens"])
+        if len(rows) == batch:
+            np.stack(rows)
+            rows, num_batches = [], num_batches + 1
+            if first is None:
+                first = time.perf_counter() - start
+    if rows:
+        np.stack(rows)
+        num_batches += 1
+    print(json.dumps({"first_s": first, "epoch_s": time.perf_counter() - start,
+                      "num_batches": num_batches}))
+    """
+)
 
 
-def _write(path: Path, mib: int, num_shards: int) -> None:
+def _write(path: Path, mib: int, num_shards: int) -> np.ndarray:
+    """A token dataset of ``mib`` MiB in ``num_shards`` shards; returns its tokens."""
     rng = np.random.default_rng(0)
-    tokens_per_record = 2048
-    num_records = mib * (1 << 20) // (4 * tokens_per_record)
+    num_records = mib * (1 << 20) // (4 * TOKENS_PER_RECORD)
+    tokens = rng.integers(0, 50_000, (num_records, TOKENS_PER_RECORD), np.int32)
     shard_bytes = mib * (1 << 20) // num_shards
-    with roxxel.DatasetWriter(path, {"tokens": "int32[2048]"}, shard_bytes=shard_bytes) as w:
+    schema = {"tokens": f"int32[{TOKENS_PER_RECORD}]"}
+    with roxxel.DatasetWriter(path, schema, shard_bytes=shard_bytes) as w:
         for start in range(0, num_records, 256):
-            n = min(256, num_records - start)
-            w.write_batch({"tokens": rng.integers(0, 50_000, (n, tokens_per_record), np.int32)})
+            w.write_batch({"tokens": tokens[start : start + 256]})
+    return tokens
 
 
 def _open(url: str, cache: Path, options: dict[str, Any]) -> tuple[Dataset, ShardCache]:
-    store = ShardCache(CacheConfig(url, cache, options, max_fetches=8))
+    store = ShardCache(CacheConfig(url, cache, options, max_fetches=GETS_IN_PARALLEL))
     return Dataset(url, cache=store), store
 
 
-def _bulk_seconds(fs: Any, names: list[str], prefix: str) -> float:
-    """8 parallel whole-object GETs of these shards into memory."""
+def _timed(call: Callable[[], Any]) -> float:
     start = time.perf_counter()
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda n: len(fs.cat_file(f"{prefix}/{n}")), names))
+    call()
     return time.perf_counter() - start
 
 
-def _first_batch(url: str, cache: Path, options: dict, batch: int) -> tuple[float, float]:
-    """(time to the first shuffled batch, time to fetch only that batch's shards), cold."""
-    from roxxel.loader.loader import Loader, LoaderConfig
-
-    dataset, store = _open(url, cache / "a", options)
-    loader = Loader(dataset, batch, seed=1, config=LoaderConfig(readahead=2))
-    start = time.perf_counter()
-    with loader:
-        picked = next(loader)
-    first = time.perf_counter() - start
-    del picked
-    needed = Loader(dataset, batch, seed=1, config=LoaderConfig(provenance=True))
-    with needed:
-        records = next(needed)["record"]
-    shard_ids = np.unique(dataset.locate(np.asarray(records))[0]).tolist()
-    store.close()  # its queued read-ahead would compete with the next measurement
-    alone, alone_store = _open(url, cache / "b", options)
-    start = time.perf_counter()
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda k: alone_store.fetch(alone.manifest.shards[k]), shard_ids))
-    return first, time.perf_counter() - start
+def _gets(fs: Any, paths: list[tuple[str, int]]) -> float:
+    """Seconds for one whole-object GET of each (path, size), 8 in parallel, into memory (a
+    ranged GET of the whole object: s3fs's plain ``cat_file`` would ask for the size first)."""
+    with ThreadPoolExecutor(GETS_IN_PARALLEL) as pool:
+        return _timed(lambda: list(pool.map(lambda p: fs.cat_file(p[0], start=0, end=p[1]), paths)))
 
 
-def _epoch_seconds(
-    url: str, cache: Path, options: dict, batch: int, shuffle: bool, readahead: int = 2
-) -> float:
-    from roxxel.loader.loader import Loader, LoaderConfig
+def _boto_gets(client: Any, keys: list[str]) -> float:
+    """The same with boto3's ``get_object`` (the client MosaicML Streaming uses)."""
 
-    dataset, _ = _open(url, cache, options)
-    start = time.perf_counter()
-    config = LoaderConfig(readahead=readahead)
-    with Loader(dataset, batch, seed=2, shuffle=shuffle, config=config) as loader:
-        for _ in loader:
-            pass
-    return time.perf_counter() - start
+    def get(key: str) -> int:
+        return len(client.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+
+    with ThreadPoolExecutor(GETS_IN_PARALLEL) as pool:
+        return _timed(lambda: list(pool.map(get, keys)))
+
+
+class Bench:
+    """The server, the uploaded dataset and one fresh cache folder per measurement."""
+
+    def __init__(self, fs: Any, url: str, root: Path, options: dict, batch: int) -> None:
+        self.fs, self.url, self.root, self.options, self.batch = fs, url, root, options, batch
+        self.manifest = roxxel.open_dataset(root / "ds").manifest
+        prefix = url.removeprefix("s3://")
+        self.paths = [(f"{prefix}/{e.path}", e.num_bytes) for e in self.manifest.shards]
+        self._num_caches = 0
+
+    def cache_dir(self) -> Path:
+        self._num_caches += 1
+        return self.root / f"cache-{self._num_caches}"
+
+    def first_batch(self) -> dict[str, float]:
+        """Cold: the Loader's first shuffled batch, then the same shards alone (raw GETs and
+        through roxxel's cache)."""
+        from roxxel.loader.loader import Loader, LoaderConfig
+
+        dataset, store = _open(self.url, self.cache_dir(), self.options)
+        loader = Loader(dataset, self.batch, seed=1, config=LoaderConfig(provenance=True))
+        start = time.perf_counter()
+        with loader:
+            records = next(loader)["record"]
+            first = time.perf_counter() - start
+        store.close()  # its queued read-ahead would compete with the next measurement
+        shard_ids = np.unique(dataset.locate(np.asarray(records))[0]).tolist()
+        raw = _gets(self.fs, [self.paths[k] for k in shard_ids])
+        alone, alone_store = _open(self.url, self.cache_dir(), self.options)
+        entries = [alone.manifest.shards[k] for k in shard_ids]
+        with ThreadPoolExecutor(GETS_IN_PARALLEL) as pool:
+            fetched = _timed(lambda: list(pool.map(alone_store.fetch, entries)))
+        alone_store.close()
+        return {"first_s": first, "raw_s": raw, "fetch_s": fetched, "shards": len(shard_ids)}
+
+    def epoch(self, shuffle: bool) -> float:
+        """Seconds for an epoch through the Loader, the cache warming up."""
+        from roxxel.loader.loader import Loader
+
+        dataset, store = _open(self.url, self.cache_dir(), self.options)
+        start = time.perf_counter()
+        with Loader(dataset, self.batch, seed=2, shuffle=shuffle) as loader:
+            for _ in loader:
+                pass
+        seconds = time.perf_counter() - start
+        store.close()
+        return seconds
+
+    def opened_epoch(self) -> dict[str, float]:
+        """Streaming's counterpart: from `open_dataset` (a fresh cache) to the first shuffled
+        batch and to the end of the epoch."""
+        from roxxel.loader.loader import Loader
+
+        start = time.perf_counter()
+        dataset = roxxel.open_dataset(
+            self.url, cache_dir=self.cache_dir(), storage_options=self.options
+        )
+        first, num_batches = None, 0
+        with Loader(dataset, self.batch, seed=3) as loader:
+            for _ in loader:
+                num_batches += 1
+                first = first or time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        if dataset.cache is not None:
+            dataset.cache.close()
+        return {"first_s": first or 0.0, "epoch_s": seconds, "num_batches": num_batches}
+
+
+def _upload_mds(
+    fs: Any, root: Path, tokens: np.ndarray, bench: Bench, batch: int, port: int
+) -> Callable[[], dict[str, float]]:
+    """Write the same records as MDS shards of the same size, upload them beside the roxxel
+    dataset; returns one Streaming measurement (a process of its own each time)."""
+    python = venvs.venv_python("streaming")
+    np.save(root / "tokens.npy", tokens)
+    shard_bytes = max(e.num_bytes for e in bench.manifest.shards)
+    write = [str(python), "-c", _STREAMING, "write", str(root / "tokens.npy")]
+    subprocess.run([*write, str(root / "mds"), str(shard_bytes)], check=True)
+    fs.put(str(root / "mds"), f"{BUCKET}/mds", recursive=True)
+    url = f"s3://{BUCKET}/mds"
+    return lambda: _streaming(python, url, bench.cache_dir(), batch, port)
+
+
+def _streaming(python: Path, url: str, local: Path, batch: int, port: int) -> dict[str, float]:
+    env = {**os.environ, **CREDENTIALS, "S3_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+    args = [str(python), "-c", _STREAMING, "read", url, str(local), str(batch)]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _free_port() -> int:
@@ -118,6 +240,47 @@ def _wait_until_up(fs: Any) -> None:
     raise RuntimeError("the S3 server did not start in 30 s")
 
 
+def _uptime() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def _median(rounds: list[dict[str, float]], key: str) -> float:
+    return statistics.median(r[key] for r in rounds)
+
+
+def _ratios(rounds: list[dict[str, float]], top: str, bottom: str) -> tuple[float, list[float]]:
+    """The median of the per-round ratios, and each round's ratio."""
+    each = [r[top] / r[bottom] for r in rounds]
+    return round(statistics.median(each), 2), [round(x, 2) for x in each]
+
+
+def _round(bench: Bench, boto: Any, keys: list[str], streaming: Callable | None, k: int) -> dict:
+    """One round: every measurement once, in an order rotated by ``k``."""
+    steps: list[tuple[str, Callable[[], Any]]] = [
+        ("bulk_s", lambda: _gets(bench.fs, bench.paths)),
+        ("boto_s", lambda: _boto_gets(boto, keys)),
+        ("first", bench.first_batch),
+        ("shuffled_s", lambda: bench.epoch(True)),
+        ("in_order_s", lambda: bench.epoch(False)),
+    ]
+    if streaming is not None:
+        steps += [("streaming", streaming), ("roxxel", bench.opened_epoch)]
+    k %= len(steps)
+    result: dict[str, Any] = {}
+    for name, call in steps[k:] + steps[:k]:
+        gc.collect()  # the caches, loaders and mappings of the last measurement go first
+        value = call()
+        if isinstance(value, dict):
+            result.update({f"{name}_{key}": v for key, v in value.items()})
+        else:
+            result[name] = value
+    for name in ("roxxel", "streaming"):
+        if f"{name}_epoch_s" in result:
+            result[f"{name}_rate"] = result[f"{name}_num_batches"] / result[f"{name}_epoch_s"]
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description="Datasets at a URL: ratios against a local S3 server"
@@ -125,10 +288,15 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=64)
     parser.add_argument("--shards", type=int, default=32)
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-streaming", dest="streaming", action="store_false")
     args = parser.parse_args()
     os.environ.update(CREDENTIALS)
+    import boto3
     import fsspec
 
+    load_before = _uptime()
+    streaming_error = venvs.ensure_venv("streaming") if args.streaming else "not asked for"
     port = _free_port()
     server = subprocess.Popen(  # its own process: the server does not share our GIL
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
@@ -141,35 +309,69 @@ def main() -> None:
         _wait_until_up(fs)
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
-            _write(root / "ds", args.mib, args.shards)
+            tokens = _write(root / "ds", args.mib, args.shards)
             fs.mkdir(BUCKET)
             fs.put(str(root / "ds"), f"{BUCKET}/ds", recursive=True)
-            url = f"s3://{BUCKET}/ds"
-            local = roxxel.open_dataset(root / "ds")
-            names = [e.path for e in local.manifest.shards]
-            total = sum(e.num_bytes for e in local.manifest.shards)
-            bulk = _bulk_seconds(fs, names, f"{BUCKET}/ds")
-            pairs = [_first_batch(url, root / f"c1-{r}", options, args.batch) for r in range(5)]
-            first, needed = (statistics.median(p[i] for p in pairs) for i in (0, 1))
-            ratio = statistics.median(p[0] / p[1] for p in pairs)
-            shuffled = _epoch_seconds(url, root / "c2", options, args.batch, True)
-            in_order = _epoch_seconds(url, root / "c3", options, args.batch, False)
-            in_order_far = _epoch_seconds(url, root / "c4", options, args.batch, False, 64)
+            bench = Bench(fs, f"s3://{BUCKET}/ds", root, options, args.batch)
+            streaming = None
+            if streaming_error is None:
+                streaming = _upload_mds(fs, root, tokens, bench, args.batch, port)
+            boto = boto3.client("s3", endpoint_url=options["endpoint_url"])
+            keys = [p.split("/", 1)[1] for p, _ in bench.paths]
+            rounds = [_round(bench, boto, keys, streaming, k) for k in range(args.repeats)]
     finally:
         server.terminate()
         server.wait()
-    result = {
+    report = _report(args, bench, rounds, streaming_error, load_before)
+    print(
+        "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in report.items()) + "\n}"
+    )
+
+
+def _report(args: Any, bench: Bench, rounds: list[dict], streaming_error: str | None, load: str):
+    total = sum(e.num_bytes for e in bench.manifest.shards)
+    report: dict[str, Any] = {
+        "load (1, 5, 15 min) before / after": f"{load} / {_uptime()}",
         "dataset_mib": round(total / 2**20, 1),
-        "num_shards": len(names),
-        "bulk_mb_per_s": round(total / bulk / 1e6, 1),
-        "first_batch_s": round(first, 3),
-        "first_batch_shards_fetch_s": round(needed, 3),
-        "first_batch_ratio (<= 1.5, median of 5)": round(ratio, 2),
-        "epoch_shuffled_vs_bulk (>= 0.8)": round(bulk / shuffled, 2),
-        "epoch_in_order_vs_bulk (>= 0.8)": round(bulk / in_order, 2),
-        "epoch_in_order_readahead_64_vs_bulk": round(bulk / in_order_far, 2),
+        "num_shards": len(bench.manifest.shards),
+        "repeats": args.repeats,
+        "bulk_MB_per_s (8 GETs, s3fs)": round(total / _median(rounds, "bulk_s") / 1e6, 1),
+        "bulk_MB_per_s (8 GETs, boto3)": round(total / _median(rounds, "boto_s") / 1e6, 1),
+        "first_batch_s": round(_median(rounds, "first_first_s"), 3),
+        "first_batch_shards": _median(rounds, "first_shards"),
+        "first_batch_shards_raw_gets_s": round(_median(rounds, "first_raw_s"), 3),
+        "first_batch / raw GETs of its shards (<= 1.5)": _ratios(
+            rounds, "first_first_s", "first_raw_s"
+        ),
+        "first_batch / roxxel fetch of its shards": _ratios(
+            rounds, "first_first_s", "first_fetch_s"
+        ),
+        "epoch_shuffled / bulk (>= 0.8)": _ratios(rounds, "bulk_s", "shuffled_s"),
+        "epoch_in_order / bulk (>= 0.8)": _ratios(rounds, "bulk_s", "in_order_s"),
+        "epoch_shuffled / boto3 bulk": _ratios(rounds, "boto_s", "shuffled_s"),
     }
-    print(json.dumps(result, indent=2))
+    if streaming_error is not None:
+        report["streaming"] = f"not measured: {streaming_error}"
+        return report
+    report.update(
+        {
+            "streaming_first_batch_s": round(_median(rounds, "streaming_first_s"), 3),
+            "roxxel_first_batch_s (from open)": round(_median(rounds, "roxxel_first_s"), 3),
+            "roxxel / streaming first batch (<= 0.5)": _ratios(
+                rounds, "roxxel_first_s", "streaming_first_s"
+            ),
+            "streaming_epoch_s": round(_median(rounds, "streaming_epoch_s"), 3),
+            "roxxel_epoch_s (from open)": round(_median(rounds, "roxxel_epoch_s"), 3),
+            "batches per epoch (roxxel, streaming)": [
+                _median(rounds, "roxxel_num_batches"),
+                _median(rounds, "streaming_num_batches"),
+            ],
+            "roxxel / streaming shuffled batches per s (>= 2)": _ratios(
+                rounds, "roxxel_rate", "streaming_rate"
+            ),
+        }
+    )
+    return report
 
 
 if __name__ == "__main__":

@@ -342,11 +342,13 @@ def test_issue15_speed_a_range_past_an_s3_objects_end_reads_no_bytes(s3):
     assert store.read("short", 10, 20) == b"" and store.read("empty", 0, 5) == b""
 
 
-def test_issue15_speed_prefetch_counts_requested_and_queued_fetches(local, tmp_path):
-    from roxxel.format.cache import num_queued, num_requested
+def test_issue15_speed_caches_count_missing_shards_and_queued_fetches(local, tmp_path):
+    from roxxel.format.cache import num_missing, num_queued
 
+    before = num_missing()
     cache = ShardCache(CacheConfig(f"file://{local}", tmp_path, max_fetches=1, policy=FAST))
-    first, *rest = cache.read_manifest().shards[:4]
+    first, *rest = entries = cache.read_manifest().shards
+    assert num_missing() == before  # nothing prefetched yet: not counted
     release, started = threading.Event(), threading.Event()
     read = cache.store.read
 
@@ -357,15 +359,15 @@ def test_issue15_speed_prefetch_counts_requested_and_queued_fetches(local, tmp_p
         return read(name, start, stop)
 
     cache.store.read = stalled  # type: ignore[method-assign]
-    before = num_requested()
     cache.prefetch([first])
     assert started.wait(30)
+    assert num_missing() - before == len(entries)
     cache.prefetch(rest)
-    cache.prefetch(rest)  # already queued: not asked for again
-    assert num_requested() - before == 4 and num_queued() == len(rest)
+    cache.prefetch(rest)  # already queued: not queued again
+    assert num_queued() == len(rest)
     release.set()
     cache.wait()
-    assert num_queued() == 0
+    assert num_queued() == 0 and num_missing() == before
     cache.close()
 
 

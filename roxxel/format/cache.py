@@ -18,8 +18,8 @@ Within a process: at most ``max_fetches`` downloads run at once (daemon threads 
 `prefetch`: a download in flight never holds up the interpreter's exit); a shard wanted now
 that is still queued is fetched at once by the caller. A download is one ranged GET per
 ``chunk_bytes`` (no size request first: the last read asks for one byte past the entry's end,
-so an object longer or shorter than the manifest says shows in the reads). `num_requested`
-and `num_queued` tell the Loader whether fetches are still being asked for and how many wait,
+so an object longer or shorter than the manifest says shows in the reads). `num_missing` and
+`num_queued` tell the Loader whether shards are still to be fetched and how many fetches wait,
 so it reads ahead for the cache independently of page faults.
 """
 
@@ -54,28 +54,31 @@ from roxxel.format.manifest import (
 from roxxel.format.reader import Shard, read_trailer
 from roxxel.format.remote import FetchPolicy, RemoteStore, join_url
 
-__all__ = ["CacheConfig", "ShardCache", "default_cache_dir", "num_queued", "num_requested"]
+__all__ = ["CacheConfig", "ShardCache", "default_cache_dir", "num_missing", "num_queued"]
 
 _PART = ".part"
 # Every cache object, so a forked child can drop its parent's fetch threads and locks, and
 # `num_queued` can count their waiting fetches; guarded by _COUNTS_LOCK.
 _OPEN: weakref.WeakSet[ShardCache] = weakref.WeakSet()
 _COUNTS_LOCK = threading.Lock()
-_requested = 0  # shards queued by `prefetch`, all caches of this process: see num_requested
 
 
-def num_requested() -> int:
-    """How many shard fetches `ShardCache.prefetch` has queued in this process so far (a
-    counter: while it moves, a reader's read-ahead keeps asking for shards further ahead)."""
-    return _requested
+def num_missing() -> int:
+    """Shards of the manifests read by the caches of this process that their cache has not
+    published (or found current) yet, counting only caches that `prefetch` and are not
+    closed: while some are, a reader reads ahead to fetch them. O(caches)."""
+    return sum(cache._num_missing() for cache in _caches())
 
 
 def num_queued() -> int:
     """Fetches queued by `ShardCache.prefetch` in this process that no download has started
     yet (a reader reads ahead until a few wait, so the downloads never run dry). O(queued)."""
+    return sum(cache._num_waiting() for cache in _caches())
+
+
+def _caches() -> list[ShardCache]:
     with _COUNTS_LOCK:
-        caches = list(_OPEN)
-    return sum(cache._num_waiting() for cache in caches)
+        return list(_OPEN)
 
 
 def default_cache_dir() -> Path:
@@ -140,6 +143,7 @@ class ShardCache:
         self._queue: queue.SimpleQueue[tuple[ShardEntry, Future[Path]] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._published: set[str] = set()  # names this object saw published: fetch returns
+        self._num_shards = 0  # in the manifest read last: see num_missing
         with _COUNTS_LOCK:
             _OPEN.add(self)
         self.num_fetched = 0  # shards this object downloaded (not reused): for tests, progress
@@ -165,6 +169,8 @@ class ShardCache:
                     rule="M5",
                     path=where,
                 )
+        with self._lock:
+            self._num_shards = len(manifest.shards)
         return manifest
 
     def fetch(self, entry: ShardEntry) -> Path:
@@ -203,7 +209,6 @@ class ShardCache:
         until they are fetched, so the first batch does not share the bandwidth. A failed
         prefetch is dropped: the fetch that needs the shard tries again and raises.
         """
-        global _requested
         with self._lock:
             if not self._threads:
                 self._start_threads()
@@ -217,8 +222,10 @@ class ShardCache:
                 queued.append(entry.path)
             if self._first is None:
                 self._first = set(queued)
-        with _COUNTS_LOCK:
-            _requested += len(queued)
+
+    def _num_missing(self) -> int:
+        with self._lock:  # a cache nobody prefetches through (or closed) is asked for nothing
+            return self._num_shards - len(self._published) if self._threads else 0
 
     def _num_waiting(self) -> int:
         with self._lock:

@@ -23,7 +23,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec, Sharding
 
 from roxxel.errors import ConfigError, RoxxelError, StateError, check_int
-from roxxel.format.cache import num_queued, num_requested
+from roxxel.format.cache import num_missing, num_queued
 from roxxel.loader import placement as device
 from roxxel.loader.host import (
     BufferPool,
@@ -419,7 +419,6 @@ class _Assembler:
         self._pools: dict[tuple[int, RowSpec], BufferPool] = {}
         self._advised = -1
         self._cold_until: int | None = None  # advise while step < this; None: not started
-        self._fetch_until, self._requested = -1, num_requested()  # see _advise
         self._rows: dict[tuple[int, RowSpec], np.ndarray] = {}
         self._plans: dict[tuple[Any, ...], dict[str, device.RowPlacement]] = {}
         self._device_fn = jax.jit(config.device_transform) if config.device_transform else None
@@ -565,35 +564,30 @@ class _Assembler:
     def _advise(self, step: int, pick: Pick) -> None:
         """Read-ahead for the steps up to `step + readahead` not advised yet; on the first
         call that includes `step` itself, so its reads go to the disk at once, not one page
-        fault after another. While datasets at a URL are asked for shards (`num_requested`
-        moved within the last `_FETCH_STEPS * readahead` steps), it goes on up to that far
-        ahead until a few fetches wait (`num_queued`), `_FETCH_BURST` steps a call at most:
-        the downloads run ahead whether or not the reads fault."""
+        fault after another. While a dataset at a URL has shards still to fetch
+        (`num_missing`), it also goes on up to `_FETCH_STEPS * readahead` steps ahead until a
+        few fetches wait (`num_queued`), `_FETCH_BURST` steps a call at most: the downloads
+        run ahead whether or not the reads fault."""
         ahead = self._config.readahead
         if self._cold_until is None:  # the first step: assume a cold cache
             self._cold_until = step + 1 + ahead
-        if (requested := num_requested()) != self._requested:  # a fill fetched a shard
-            self._fetch_until = step + _FETCH_STEPS * ahead
-        self._requested = requested
-        if ahead == 0 or step >= max(self._cold_until, self._fetch_until):
+        fetching = ahead > 0 and num_missing() > 0
+        if ahead == 0 or (step >= self._cold_until and not fetching):
             return
         if self._advised < step:
             self._picker.advise(pick)
-        far = _FETCH_STEPS * ahead if step < self._fetch_until else ahead
-        target, last = max(step, self._advised) + 1, step + ahead + _FETCH_BURST
-        while target <= min(step + far, last) and (
-            target <= step + ahead or num_queued() < _FETCH_QUEUED
+        target = max(step, self._advised) + 1
+        far = min(step + _FETCH_STEPS * ahead, target + _FETCH_BURST - 1)
+        while target <= step + ahead or (
+            fetching and target <= far and num_queued() < _FETCH_QUEUED
         ):
             later = None if _past_bound(self._picker, target) else self._pick_ahead(target)
             if later is None:  # the stream ends: nothing further to advise
-                target = step + far + 1
+                target = step + _FETCH_STEPS * ahead + 1
                 break
             self._picker.advise(later)
             target += 1
         self._advised = max(self._advised, target - 1)
-        if num_requested() != requested:  # shards still to fetch: keep fetching ahead
-            self._fetch_until = self._advised + _FETCH_STEPS * ahead
-        self._requested = num_requested()
 
     def _pick_ahead(self, target: int) -> Pick | None:
         return self._picker.pick(target, self.check(target))

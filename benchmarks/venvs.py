@@ -105,6 +105,8 @@ PEER_ENVS: dict[str, PeerEnv] = {
                 "filelock==4.3.1",
                 "pillow==13.0.0",
             ),
+            # its S3 client (benchmarks.remote reads MDS shards from a local S3 server)
+            ("boto3==1.43.117", "botocore==1.43.117"),
         ),
         stubs=STREAMING_STUBS,
     ),

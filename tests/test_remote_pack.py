@@ -161,6 +161,7 @@ def test_issue15_remote_pack_task_killed_mid_upload_never_opens_and_a_rerun_comp
     os.kill(killed.pid, signal.SIGKILL)
     killed.communicate()
     assert s3.fs.ls(prefix)  # a shard and the plan are there, no marker of task 0, no manifest
+    assert not s3.fs.exists(f"{prefix}/.roxxel-pack/unit-000000.json")
     with pytest.raises(FormatError) as caught:
         roxxel.open_dataset(url, cache_dir=tmp_path / "read", storage_options=s3.options)
     assert caught.value.rule == "M1"

@@ -408,35 +408,34 @@ def _pack_to_url(args: argparse.Namespace) -> int:
     then its marker, as the unit ends; the task that then finds every unit's marker (or
     ``--finalize``) checks them all and writes the manifest last."""
     start = time.perf_counter()
-    url = args.output
-    store = RemoteStore(url, storage_options(args.storage_options))
-    stage = _staging(args)
-    config, units = _config(args, str(stage))
+    store = RemoteStore(args.output, storage_options(args.storage_options))
+    config, units = _config(args, str(_staging(args)))
     plan = PackSpec(config.fingerprint, len(units), config.schema, _metadata(config))
     if prepare_remote(store, plan, args.overwrite, create=not args.finalize):
-        _say(args, f"{url}: already packed with these arguments (its manifest is there)")
+        _say(args, f"{args.output}: already packed with these arguments (its manifest is there)")
         return 0
-    if args.finalize:
-        num = finalize_remote(store, plan, args.num_tasks)
-        _say(args, f"{url}: manifest written for {len(units)} work units ({num} shards)")
-        return 0
-    mine = units[args.task_index :: args.num_tasks]
-    there = find_remote_units(store, plan, (u.index for u in mine))
-    todo = [u for u in mine if u.index not in there]
-    results = _stage_and_upload(args, config, todo, store, plan) if todo else []
-    _report(args, results, todo, start)
-    missing = plan.num_units - len(remote_markers(store, plan))
-    if not missing:  # the last task to end: tasks ending together write the same bytes
-        num = finalize_remote(store, plan, args.num_tasks)
-        _say(args, f"{url}: all {plan.num_units} work units there; manifest written ({num} shards)")
-        return 0
-    _say(
-        args,
-        f"task {args.task_index}/{args.num_tasks} done ({len(there)} of its units were at "
-        f"{url} already); {missing} work units of other tasks to come: the last task to end "
-        "writes the manifest (or rerun with --finalize)",
-    )
+    if not args.finalize:
+        mine = units[args.task_index :: args.num_tasks]
+        there = find_remote_units(store, plan, (u.index for u in mine))
+        todo = [u for u in mine if u.index not in there]
+        results = _stage_and_upload(args, config, todo, store, plan) if todo else []
+        _report(args, results, todo, start)
+        missing = plan.num_units - len(remote_markers(store, plan))
+        if missing:
+            _say(args, _waiting(args, len(there), missing))
+            return 0
+    # --finalize, or the last task to end (tasks ending together write the same bytes)
+    num = finalize_remote(store, plan, args.num_tasks)
+    _say(args, f"{args.output}: manifest written for {plan.num_units} work units ({num} shards)")
     return 0
+
+
+def _waiting(args: argparse.Namespace, num_there: int, num_missing: int) -> str:
+    return (
+        f"task {args.task_index}/{args.num_tasks} done ({num_there} of its units were at "
+        f"{args.output} already); {num_missing} work units of other tasks to come: the last "
+        "task to end writes the manifest (or rerun with --finalize)"
+    )
 
 
 def _staging(args: argparse.Namespace) -> Path:

@@ -14,6 +14,10 @@ multi-task pack, each of which also holds ``task-I.lock`` exclusively. Worker pr
 inherit the lock, so it stays held while any process of a run lives; whoever holds it may
 remove what a dead run left behind, and nothing else. Every name read from a plan, marker or
 manifest is checked before any file is touched.
+
+A pack at a URL (``roxxel pack -o s3://...``, tasks on machines that share no disk) keeps the
+same plan, shards and markers as objects there, without locks; `prepare_remote`,
+`upload_unit`, `find_remote_units` and `finalize_remote` (the last section) are its steps.
 """
 
 from __future__ import annotations

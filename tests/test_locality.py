@@ -61,27 +61,37 @@ def _labels(loader: Loader, steps: int) -> list[list[int]]:
 # ------------------------------------------------------------------ the rule (S15)
 
 
-@pytest.mark.parametrize("group_shards", [1, 2, 3, 8, 100])
-def test_s15_every_epoch_reads_every_record_once_group_by_group(group_shards: int) -> None:
-    groups = ShardGroups(LAYOUT, group_shards)
-    n = LAYOUT[-1]
+# 40 shards of 0-12 records: up to 40 groups among an epoch's draws (one network pass for
+# all of them), where LAYOUT has at most 8 (a permutation call per group)
+MANY = np.concatenate([[0], np.cumsum(np.random.default_rng(5).integers(0, 13, 40))]).tolist()
+
+
+@pytest.mark.parametrize(
+    ("layout", "group_shards"),
+    [(LAYOUT, 1), (LAYOUT, 2), (LAYOUT, 3), (LAYOUT, 8), (LAYOUT, 100), (MANY, 1), (MANY, 3)],
+)
+def test_s15_every_epoch_reads_every_record_once_group_by_group(
+    layout: list[int], group_shards: int
+) -> None:
+    groups = ShardGroups(layout, group_shards)
+    n = layout[-1]
     for epoch in range(3):
         records = groups.records(np.arange(epoch * n, (epoch + 1) * n), seed=4, source=0)
         assert sorted(records.tolist()) == list(range(n))
-        shards = _shards_of(LAYOUT, records)
+        shards = _shards_of(layout, records)
         # the shards come in runs: a group's records are contiguous, and touch its shards only
         seen: set[int] = set()
         position = 0
         shard_key = group_key(4, 0, epoch, None)
-        held = [k for k in range(len(LAYOUT) - 1) if LAYOUT[k + 1] > LAYOUT[k]]
+        held = [k for k in range(len(layout) - 1) if layout[k + 1] > layout[k]]
         listed = [held[j] for j in KeyedPermutation(len(held), shard_key)(np.arange(len(held)))]
         for first in range(0, len(listed), group_shards):
             members = listed[first : first + group_shards]
-            size = sum(LAYOUT[k + 1] - LAYOUT[k] for k in members)
+            size = sum(layout[k + 1] - layout[k] for k in members)
             assert set(shards[position : position + size].tolist()) == set(members)
             local = records[position : position + size]
             # inside the group: the group's own keyed permutation of its items, in list order
-            items = np.concatenate([np.arange(LAYOUT[k], LAYOUT[k + 1]) for k in members])
+            items = np.concatenate([np.arange(layout[k], layout[k + 1]) for k in members])
             perm = KeyedPermutation(size, group_key(4, 0, epoch, first // group_shards))
             assert local.tolist() == items[perm(np.arange(size))].tolist()
             seen |= set(members)

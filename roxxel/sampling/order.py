@@ -404,6 +404,7 @@ class ShardGroups:
     __slots__ = ("_first", "_lock", "_sizes", "_tables", "group_shards", "num_items")
 
     _NUM_TABLES = 4  # the epochs whose tables are kept: a batch meets one or two
+    _FEW_GROUPS = 8  # up to this many groups among the draws: one permutation call each
 
     def __init__(self, shard_starts: Sequence[int] | np.ndarray, group_shards: int) -> None:
         starts = np.asarray(shard_starts)
@@ -442,7 +443,12 @@ class ShardGroups:
             raise ConfigError("ShardGroups: no items to draw from (0, expected >= 1)")
         d = as_draws("ShardGroups.records", draws)
         shape, d = d.shape, d.ravel()
+        if not d.size:
+            return d.reshape(shape)
         epochs, positions = np.divmod(d, self.num_items)
+        first, last = int(epochs.min()), int(epochs.max())
+        if first == last:  # the common case: one epoch, no masks
+            return self._epoch_records(seed, source, first, positions).reshape(shape)
         out = np.empty_like(positions)
         for epoch in np.unique(epochs).tolist():
             mask = epochs == epoch
@@ -455,21 +461,36 @@ class ShardGroups:
         table = self._table(seed, source, epoch)
         bounds = table.group_starts
         groups = np.searchsorted(bounds, positions, side="right") - 1
+        base = bounds[groups]
+        first, last = int(groups.min()), int(groups.max())
+        if last - first < self._FEW_GROUPS:  # the common case: a group per permutation call
+            local = np.empty_like(positions)
+            for g in range(first, last + 1):
+                mask = groups == g
+                perm = _group_permutation(int(bounds[g + 1] - bounds[g]), seed, source, epoch, g)
+                local[mask] = perm(positions[mask] - bounds[g])
+        else:
+            local = self._local_many(bounds, groups, positions - base, (seed, source, epoch))
+        shuffled = base + local  # a position among the group's shards, in list order
+        slots = np.searchsorted(table.starts, shuffled, side="right") - 1
+        return table.first[slots] + (shuffled - table.starts[slots])
+
+    @staticmethod
+    def _local_many(
+        bounds: np.ndarray, groups: np.ndarray, local: np.ndarray, keys: tuple[int, int | str, int]
+    ) -> np.ndarray:
+        """Each position's place in its group's permutation: one network pass for all groups."""
         unique, inverse = np.unique(groups, return_inverse=True)
         perms = [
-            _group_permutation(int(bounds[g + 1] - bounds[g]), seed, source, epoch, g)
-            for g in unique.tolist()
+            _group_permutation(int(bounds[g + 1] - bounds[g]), *keys, g) for g in unique.tolist()
         ]
         inverse = inverse.ravel()
         radix_a = np.asarray([p._radix_a for p in perms], np.uint64)[inverse]
         radix_b = np.asarray([p._radix_b for p in perms], np.uint64)[inverse]
-        keys = np.asarray([p._keys for p in perms], np.uint64)[inverse]
+        round_keys = np.asarray([p._keys for p in perms], np.uint64)[inverse]
         sizes = (bounds[groups + 1] - bounds[groups]).astype(np.uint64)
-        network = _Network(radix_a, radix_b, list(keys.T), sizes)
-        local = network.walk((positions - bounds[groups]).astype(np.uint64), backward=False)
-        shuffled = bounds[groups] + local.astype(np.int64)  # within the group's shards
-        slots = np.searchsorted(table.starts, shuffled, side="right") - 1
-        return table.first[slots] + (shuffled - table.starts[slots])
+        network = _Network(radix_a, radix_b, list(round_keys.T), sizes)
+        return network.walk(local.astype(np.uint64), backward=False).astype(np.int64)
 
     def _table(self, seed: int, source: int | str, epoch: int) -> _EpochGroups:
         key = (seed, source, epoch)

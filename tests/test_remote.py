@@ -342,6 +342,49 @@ def test_issue15_speed_a_range_past_an_s3_objects_end_reads_no_bytes(s3):
     assert store.read("short", 10, 20) == b"" and store.read("empty", 0, 5) == b""
 
 
+def _damage_a_record(path: Path) -> None:
+    """Flip a record byte: size, trailer and index (what reuse checks cheaply) stay valid."""
+    _corrupt_record_byte(path)
+
+
+def test_issue15_speed_the_cache_publishes_without_fsync_a_pull_with_fsync(
+    local, tmp_path, monkeypatch
+):
+    from roxxel.format import cache as cache_module
+
+    synced: list[int] = []
+    fsync = os.fsync
+    monkeypatch.setattr(cache_module.os, "fsync", lambda fd: synced.append(fd) or fsync(fd))
+    cache = ShardCache(CacheConfig(f"file://{local}", tmp_path / "cache", policy=FAST))
+    entries = cache.read_manifest().shards
+    cache.fetch(entries[0])
+    assert synced == []  # a cache re-checks what a crash of the host may have left instead
+    config = CacheConfig(f"file://{local}", tmp_path / "cache", policy=FAST)
+    staging = ShardCache(config, folder=tmp_path / "pulled")  # `roxxel pull` DIR: a dataset
+    staging.fetch(entries[0])
+    assert len(synced) == 2  # the shard, then its folder
+
+
+def test_issue15_speed_a_cached_shard_from_before_the_last_boot_is_verified_again(local, tmp_path):
+    url = f"file://{local}"
+    first = ShardCache(CacheConfig(url, tmp_path, policy=FAST))
+    entry = first.read_manifest().shards[1]
+    path = first.fetch(entry)
+    _damage_a_record(path)  # as unsynced pages lost by a crash of the host might leave it
+    same_boot = ShardCache(CacheConfig(url, tmp_path, policy=FAST))
+    assert same_boot.fetch(entry) == path and same_boot.num_fetched == 0  # trusted
+    os.utime(path, (1, 1))  # written before the host last booted
+    after_boot = ShardCache(CacheConfig(url, tmp_path, policy=FAST))
+    after_boot.read_manifest()
+    assert after_boot.fetch(entry) == path and after_boot.num_fetched == 1  # refetched
+    assert after_boot.is_current(entry)
+    assert path.read_bytes() == (local / entry.path).read_bytes()
+    os.utime(path, (1, 1))
+    again = ShardCache(CacheConfig(url, tmp_path, policy=FAST))
+    assert again.fetch(entry) == path and again.num_fetched == 0  # checked, then trusted
+    assert path.stat().st_mtime > 1  # marked as checked in this boot
+
+
 def test_issue15_speed_caches_count_missing_shards_and_queued_fetches(local, tmp_path):
     from roxxel.format.cache import num_missing, num_queued
 

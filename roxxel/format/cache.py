@@ -7,6 +7,14 @@ and every record checksum (R16-R18, `Shard.verify`). Together these cover every 
 file, so a shard that does not match is never published; it is refused with a `FormatError`
 naming the rule and the shard's URL. Then ``os.replace`` publishes it.
 
+Without an fsync: a process killed at any point loses nothing the kernel was given, and only
+a crash of the host can lose written pages. So a shard published before the host last booted
+(its mtime older than the boot, Linux's ``btime``) is checked completely again before it is
+reused, then marked as checked by a new mtime; one published since is reused after the cheap
+check (size, trailer, index checksum). Where the boot time is unknown, and for a folder given
+to `ShardCache` (`roxxel pull`'s DIR, a dataset rather than a cache), each shard and the
+folder are fsynced before and after the rename instead.
+
 Between processes of one host: a fetch holds ``.<name>.lock`` (``fcntl.flock``, exclusive),
 so each shard is fetched once and the others wait and reuse it; a process mapping a shard
 holds a shared ``flock`` on the shard file itself for as long as the mapping lives; eviction
@@ -134,6 +142,7 @@ class ShardCache:
         self.config = config
         self.store = RemoteStore(config.url, config.storage_options, config.policy)
         self.folder = config.folder if folder is None else Path(folder)  # `roxxel pull`: DIR
+        self._durable = folder is not None or _BOOT_TIME is None  # see the module docstring
         self.folder.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._turn = threading.Condition(self._lock)
@@ -232,15 +241,26 @@ class ShardCache:
             return sum(not f.running() and not f.done() for f in self._inflight.values())
 
     def is_current(self, entry: ShardEntry) -> bool:
-        """Whether the cached file of ``entry`` exists with the entry's size and trailer."""
+        """Whether the cached file of ``entry`` exists with the entry's size and trailer, and,
+        if it was published before the host last booted, passes every check again."""
+        path = self.folder / entry.path
         try:
-            fd = os.open(self.folder / entry.path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             return False
         try:
-            return _matches(fd, entry)
+            if not _matches(fd, entry):
+                return False
+            if self._durable or _since_boot(fd):
+                return True
         finally:
             os.close(fd)
+        try:
+            self._check(entry, path)
+        except FormatError:
+            return False
+        os.utime(path)  # checked in this boot
+        return True
 
     def hold(self, entry: ShardEntry) -> int | None:
         """A file descriptor holding a shared lock on the published shard (close it to let it
@@ -370,7 +390,8 @@ class ShardCache:
                 os.replace(temp, path)
             finally:
                 temp.unlink(missing_ok=True)
-            _fsync_dir(self.folder)
+            if self._durable:
+                _fsync_dir(self.folder)
             with self._lock:
                 self.num_fetched += 1
             return path
@@ -391,7 +412,8 @@ class ShardCache:
                 out.write(data)
                 offset += len(data)
             out.flush()
-            os.fsync(out.fileno())
+            if self._durable:
+                os.fsync(out.fileno())
 
     def _wrong_size(self, entry: ShardEntry, offset: int, num_read: int) -> FormatError:
         """M8: a read from ``offset`` gave ``num_read`` bytes, not what the entry implies."""
@@ -538,6 +560,26 @@ def _remove_parts(folder: Path, name: str) -> None:
         stale = [e.path for e in entries if e.name.startswith(prefix) and e.name.endswith(_PART)]
     for item in stale:
         Path(item).unlink(missing_ok=True)
+
+
+def _boot_time() -> float | None:
+    """When the host booted (seconds since the epoch, Linux's /proc/stat), else None."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            for line in f:
+                if line.startswith(b"btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+_BOOT_TIME = _boot_time()
+
+
+def _since_boot(fd: int) -> bool:
+    """Whether an open file was last modified since the host booted (True if unknown)."""
+    return _BOOT_TIME is None or os.fstat(fd).st_mtime >= _BOOT_TIME
 
 
 def _fsync_dir(folder: Path) -> None:

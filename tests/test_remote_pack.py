@@ -227,6 +227,16 @@ def test_issue15_remote_pack_refuses_another_pack_at_the_url_unless_overwrite(
     assert len(opened) == NUM_FILES * NUM_LINES
 
 
+def test_issue15_remote_pack_finalize_before_any_task_is_refused(inputs, tmp_path, capsys):
+    from roxxel.cli import main
+
+    url = f"file://{tmp_path}/nothing-yet"
+    args = ["pack", *inputs, "-o", url, *PACK_FLAGS, "--num-tasks", "2", "--finalize"]
+    assert main(args) == 1
+    assert f"{url}: no pack plan" in capsys.readouterr().err
+    assert not (tmp_path / "nothing-yet").exists()  # --finalize writes nothing
+
+
 def test_issue15_remote_pack_storage_options_need_a_url(inputs, tmp_path, capsys):
     from roxxel.cli import main
 

@@ -342,3 +342,18 @@ def test_issue15_locality_golden_loader_rows_and_fingerprint(
         10**6: ([153, 75, 73, 156], fingerprint),
         10**12: ([156, 24, 27, 159], fingerprint),
     }
+
+
+def test_issue15_locality_peek_and_provenance_name_the_grouped_records(
+    dataset: roxxel.Dataset,
+) -> None:
+    config = LoaderConfig(num_epochs=None, fields=("label",), provenance=True)
+    grouped = LoaderConfig(
+        num_epochs=None, fields=("label",), provenance=True, shuffle_group_shards=3
+    )
+    with Loader(dataset, 8, seed=6, start_step=40, config=grouped) as loader:
+        batch = next(loader)
+        peeked = [row["record"] for row in loader.peek(40)]
+    assert np.asarray(batch["record"]).tolist() == peeked == np.asarray(batch["label"]).tolist()
+    with Loader(dataset, 8, seed=6, start_step=40, config=config) as loader:
+        assert np.asarray(next(loader)["record"]).tolist() != peeked

@@ -10,7 +10,8 @@ so a change of load hits all of them alike):
   through roxxel's cache (download + verify + fsync + rename), to show the Loader's own share;
 - an epoch through the Loader with the cache warming up (shuffled, and in order) / the
   server's bulk rate: every shard as one whole-object GET, 8 in parallel, into memory (at least
-  0.8); boto3's ``get_object`` over the same 8 threads is printed beside it for reference;
+  0.8); boto3's ``get_object`` over the same 8 threads is printed beside it for reference, and
+  the cache alone (``Dataset.prefetch`` of every shard, no Loader) over the same bulk rate;
 - MosaicML Streaming (``--streaming``, on by default when its venv from ``benchmarks.venvs``
   installs): the same records written as MDS (``ndarray:int32:2048``, uncompressed, shards of
   the same size) to the same server, read by ``StreamingDataset(remote=s3://..., local=<fresh
@@ -182,6 +183,17 @@ class Bench:
         store.close()
         return seconds
 
+    def prefetch_all(self) -> float:
+        """Seconds for `Dataset.prefetch` of every shard (the cache alone: download, verify,
+        publish; 8 at once), no Loader."""
+        dataset, store = _open(self.url, self.cache_dir(), self.options)
+        start = time.perf_counter()
+        dataset.prefetch(range(dataset.num_shards))
+        store.wait()
+        seconds = time.perf_counter() - start
+        store.close()
+        return seconds
+
     def opened_epoch(self) -> dict[str, float]:
         """Streaming's counterpart: from `open_dataset` (a fresh cache) to the first shuffled
         batch and to the end of the epoch."""
@@ -263,6 +275,7 @@ def _round(bench: Bench, boto: Any, keys: list[str], streaming: Callable | None,
         ("first", bench.first_batch),
         ("shuffled_s", lambda: bench.epoch(True)),
         ("in_order_s", lambda: bench.epoch(False)),
+        ("prefetch_s", bench.prefetch_all),
     ]
     if streaming is not None:
         steps += [("streaming", streaming), ("roxxel", bench.opened_epoch)]
@@ -349,6 +362,7 @@ def _report(args: Any, bench: Bench, rounds: list[dict], streaming_error: str | 
         "epoch_shuffled / bulk (>= 0.8)": _ratios(rounds, "bulk_s", "shuffled_s"),
         "epoch_in_order / bulk (>= 0.8)": _ratios(rounds, "bulk_s", "in_order_s"),
         "epoch_shuffled / boto3 bulk": _ratios(rounds, "boto_s", "shuffled_s"),
+        "prefetch of every shard, no Loader / bulk": _ratios(rounds, "bulk_s", "prefetch_s"),
     }
     if streaming_error is not None:
         report["streaming"] = f"not measured: {streaming_error}"

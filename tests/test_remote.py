@@ -314,6 +314,24 @@ def test_issue15_speed_an_object_longer_or_shorter_than_its_entry_is_refused_m8(
     assert found in str(caught.value) and not cache.is_current(entry)
 
 
+def test_issue15_speed_a_fetch_does_not_list_the_cache_folder(local, tmp_path, monkeypatch):
+    from roxxel.format import cache as cache_module
+
+    cache = ShardCache(CacheConfig(f"file://{local}", tmp_path, policy=FAST))
+    entries = cache.read_manifest().shards
+    (cache.folder / f".{entries[0].path}.part").write_bytes(b"left by a fetcher killed")
+
+    def listing(path):  # O(shards in the folder) for every fetch
+        raise AssertionError(f"listed {path}")
+
+    monkeypatch.setattr(cache_module.os, "scandir", listing)
+    for entry in entries:
+        cache.fetch(entry)
+    monkeypatch.undo()
+    assert all(cache.is_current(e) for e in entries)
+    assert not [n for n in os.listdir(cache.folder) if n.endswith(".part")]
+
+
 def test_issue15_speed_a_shard_this_cache_published_is_not_checked_again(local, tmp_path):
     cache = ShardCache(CacheConfig(f"file://{local}", tmp_path, policy=FAST))
     entry = cache.read_manifest().shards[0]

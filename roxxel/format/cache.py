@@ -19,8 +19,9 @@ Between processes of one host: a fetch holds ``.<name>.lock`` (``fcntl.flock``, 
 so each shard is fetched once and the others wait and reuse it; a process mapping a shard
 holds a shared ``flock`` on the shard file itself for as long as the mapping lives; eviction
 (``cache_limit_bytes``, least recently used first) removes only shards whose exclusive lock it
-gets without waiting, i.e. that no process maps. A file left by a fetcher killed mid-way is a
-``.part`` file, never a shard; the next fetch of that shard removes it.
+gets without waiting, i.e. that no process maps. A file left by a fetcher killed mid-way is
+``.<name>.part``, never a shard; the next fetch of that shard (under the same lock) writes
+over it, so no fetch lists the folder.
 
 Within a process: at most ``max_fetches`` downloads run at once (daemon threads for
 `prefetch`: a download in flight never holds up the interpreter's exit); a shard wanted now
@@ -39,7 +40,6 @@ import hashlib
 import os
 import queue
 import re
-import secrets
 import threading
 import weakref
 from collections.abc import Iterable, Mapping
@@ -169,7 +169,7 @@ class ShardCache:
                 path=where,
             ) from None
         manifest = parse_manifest(data, where)
-        for entry in manifest.shards:  # ".<name>.lock" and ".<name>...part" are the cache's
+        for entry in manifest.shards:  # ".<name>.lock" and ".<name>.part" are the cache's
             if entry.path.startswith("."):
                 raise FormatError(
                     f"{where}: shard {entry.path!r:.300} (expected a name not starting with"
@@ -381,9 +381,9 @@ class ShardCache:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if self.is_current(entry):
                 return path
-            _remove_parts(self.folder, entry.path)  # left by a fetcher that died
             self.evict(entry.num_bytes)
-            temp = self.folder / f".{entry.path}.{os.getpid()}.{secrets.token_hex(4)}{_PART}"
+            # one name per shard: the lock is ours, and a part left by a dead fetcher is reused
+            temp = self.folder / f".{entry.path}{_PART}"
             try:
                 self._download(entry, temp)
                 self._check(entry, temp)
@@ -551,15 +551,6 @@ def _remove_if_unused(path: Path) -> bool:
             os.close(fd)
     finally:
         os.close(lock)
-
-
-def _remove_parts(folder: Path, name: str) -> None:
-    """Temp files of ``name`` (the caller holds its lock, so their writers are gone)."""
-    prefix = f".{name}."
-    with os.scandir(folder) as entries:
-        stale = [e.path for e in entries if e.name.startswith(prefix) and e.name.endswith(_PART)]
-    for item in stale:
-        Path(item).unlink(missing_ok=True)
 
 
 def _boot_time() -> float | None:

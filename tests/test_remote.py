@@ -352,6 +352,43 @@ def test_issue15_speed_a_shard_evicted_by_another_process_is_fetched_again(local
     assert dataset.cache.num_fetched == 2 and entry.path in _published(dataset)
 
 
+def test_a_shard_evicted_each_time_before_it_is_held_is_still_mapped(local, tmp_path):
+    """Fetch ahead with a small cache_limit_bytes: other fetches evict unheld shards, and one
+    can land between a shard's publication and its mapping, every time. The fetch that maps
+    a shard holds it before anyone can evict it, so the read completes (it used to give up
+    with 'evicted 3 times before it was mapped')."""
+    dataset = _open(f"file://{local}", tmp_path)
+    cache = dataset.cache
+    assert cache is not None
+    hold = cache.hold
+
+    def evicted_first(entry):
+        (cache.folder / entry.path).unlink(missing_ok=True)  # another fetch's eviction
+        return hold(entry)
+
+    cache.hold = evicted_first  # type: ignore[method-assign]
+    assert _labels(dataset) == list(range(NUM_RECORDS))
+    assert cache.num_fetched == 2 * dataset.num_shards  # each lost once, then held at once
+    assert _published(dataset) == sorted(s.path for s in dataset.manifest.shards)
+
+
+def test_fetching_ahead_never_evicts_what_was_fetched_ahead_and_not_used(local, tmp_path):
+    """A cache with room for 2 shards, asked to fetch 5 ahead: the first 2 come, the rest
+    give way instead of pushing them out (which fetched every shard and kept the last 2).
+    Reads then evict as they must and see every record."""
+    probe = roxxel.open_dataset(local)
+    largest = max(s.num_bytes for s in probe.manifest.shards)
+    dataset = _open(f"file://{local}", tmp_path, limit=2 * largest)
+    cache = dataset.cache
+    assert cache is not None and dataset.num_shards >= 4
+    entries = dataset.manifest.shards
+    cache.prefetch(entries)
+    cache.wait()
+    assert cache.num_fetched == 2
+    assert _published(dataset) == sorted(e.path for e in entries[:2])
+    assert _labels(dataset) == list(range(NUM_RECORDS))
+
+
 def test_issue15_speed_a_range_past_an_s3_objects_end_reads_no_bytes(s3):
     s3.fs.pipe_file("roxxel-data/short", b"0123456789")
     s3.fs.pipe_file("roxxel-data/empty", b"")

@@ -152,6 +152,7 @@ class ShardCache:
         self._queue: queue.SimpleQueue[tuple[ShardEntry, Future[Path]] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._published: set[str] = set()  # names this object saw published: fetch returns
+        self._ahead: set[str] = set()  # published by a prefetch, not held since: see evict
         self._num_shards = 0  # in the manifest read last: see num_missing
         with _COUNTS_LOCK:
             _OPEN.add(self)
@@ -194,11 +195,34 @@ class ShardCache:
         while True:
             mine, future = self._claim(entry.path)
             if mine:
-                return self._run(entry, future)
+                return self._run(entry, future)[0]
             try:
                 return future.result()
-            except CancelledError:  # another caller took it over; ask again
+            except (CancelledError, _NoRoom):  # taken over, or a prefetch gave way: again
                 continue
+
+    def fetch_held(self, entry: ShardEntry) -> tuple[Path, int]:
+        """`fetch`, then `hold`: the shard's path and a descriptor holding it. A shard this
+        call fetches (or finds current) is held before its fetch lock is let go, so no
+        eviction comes in between; one that another fetch published and an eviction took
+        before this call could hold it is fetched again, by this call."""
+        path = self.folder / entry.path
+        while True:
+            with self._lock:
+                known = entry.path in self._published
+            if known and (held := self.hold(entry)) is not None:
+                return path, held
+            mine, future = self._claim(entry.path)
+            if mine:
+                _, held = self._run(entry, future, hold=True)
+                assert held is not None
+                return path, held
+            try:
+                future.result()
+            except (CancelledError, _NoRoom):  # taken over, or a prefetch gave way: again
+                continue
+            if (held := self.hold(entry)) is not None:
+                return path, held
 
     def _claim(self, name: str) -> tuple[bool, Future[Path]]:
         """(True, a new running future) when this caller is to fetch ``name``, taking over a
@@ -275,6 +299,8 @@ class ShardCache:
         try:
             if os.fstat(fd).st_ino == os.stat(path).st_ino and _matches(fd, entry):
                 os.utime(path)  # recency for the LRU
+                with self._lock:
+                    self._ahead.discard(entry.path)
                 return fd
         except FileNotFoundError:
             pass  # evicted between open and lock
@@ -286,14 +312,16 @@ class ShardCache:
         """``name`` is gone or changed (another process evicted it): `fetch` looks again."""
         with self._lock:
             self._published.discard(name)
+            self._ahead.discard(name)
 
     def cached_bytes(self) -> int:
         """Bytes of the shards published in this dataset's cache folder."""
         return sum(size for _, size, _ in _published(self.folder))
 
-    def evict(self, room_bytes: int = 0) -> int:
-        """Remove least recently used shards no process maps until the cache plus
-        ``room_bytes`` fits ``cache_limit_bytes``; returns the bytes removed."""
+    def evict(self, room_bytes: int = 0, spare: frozenset[str] = frozenset()) -> int:
+        """Remove least recently used shards no process maps (and not named in ``spare``)
+        until the cache plus ``room_bytes`` fits ``cache_limit_bytes``; returns the bytes
+        removed, or -1 when it still does not fit."""
         limit = self.config.cache_limit_bytes
         if limit is None:
             return 0
@@ -302,11 +330,11 @@ class ShardCache:
         removed = 0
         for path, size, _ in files:
             if total + room_bytes - removed <= limit:
-                break
-            if _remove_if_unused(path):
+                return removed
+            if path.name not in spare and _remove_if_unused(path):
                 removed += size
                 self._forget(path.name)
-        return removed
+        return removed if total + room_bytes - removed <= limit else -1
 
     def wait(self) -> None:
         """Block until the fetches queued or running now have ended (failed ones included)."""
@@ -351,12 +379,14 @@ class ShardCache:
         if not future.set_running_or_notify_cancel():
             return  # a caller took it over, or `close` cancelled it
         # dropped: the fetch that needs this shard raises it (see prefetch)
-        with contextlib.suppress(RoxxelError, OSError):
-            self._run(entry, future)
+        with contextlib.suppress(RoxxelError, OSError, _NoRoom):
+            self._run(entry, future, ahead=True)
 
-    def _run(self, entry: ShardEntry, future: Future[Path]) -> Path:
+    def _run(
+        self, entry: ShardEntry, future: Future[Path], hold: bool = False, ahead: bool = False
+    ) -> tuple[Path, int | None]:
         try:
-            path = self._fetch_once(entry)
+            path, held = self._fetch_once(entry, hold, ahead)
         except BaseException as exc:
             future.set_exception(exc)
             raise
@@ -370,18 +400,32 @@ class ShardCache:
                         self._turn.notify_all()
         with self._lock:
             self._published.add(entry.path)
+            if ahead:
+                self._ahead.add(entry.path)
         future.set_result(path)
-        return path
+        return path, held
 
-    def _fetch_once(self, entry: ShardEntry) -> Path:
-        """Under the shard's host-wide lock: reuse a current copy or download and publish."""
+    def _fetch_once(
+        self, entry: ShardEntry, hold: bool = False, ahead: bool = False
+    ) -> tuple[Path, int | None]:
+        """Under the shard's host-wide lock: reuse a current copy or download and publish;
+        with `hold`, also take the shard's shared lock before that lock is let go. A fetch
+        ahead (`ahead`) evicts no shard fetched ahead and not used since, and gives way
+        (`_NoRoom`) when the cache has no room without that: it never pushes out what the
+        next steps read for what later ones will."""
         path = self.folder / entry.path
         lock = os.open(self.folder / f".{entry.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if self.is_current(entry):
-                return path
-            self.evict(entry.num_bytes)
+                return path, _held(path) if hold else None
+            if ahead:
+                with self._lock:
+                    spare = frozenset(self._ahead)
+                if self.evict(entry.num_bytes, spare) < 0:
+                    raise _NoRoom(entry.path)
+            else:
+                self.evict(entry.num_bytes)
             # one name per shard: the lock is ours, and a part left by a dead fetcher is reused
             temp = self.folder / f".{entry.path}{_PART}"
             try:
@@ -394,7 +438,7 @@ class ShardCache:
                 _fsync_dir(self.folder)
             with self._lock:
                 self.num_fetched += 1
-            return path
+            return path, _held(path) if hold else None
         finally:
             os.close(lock)  # releases the flock
 
@@ -527,6 +571,19 @@ def _published(folder: Path) -> list[tuple[Path, int, float]]:
                 continue  # evicted by another process meanwhile
             found.append((Path(item.path), info.st_size, info.st_mtime))
     return found
+
+
+class _NoRoom(Exception):
+    """A fetch ahead gave way: the cache is full of shards the next steps read."""
+
+
+def _held(path: Path) -> int:
+    """A descriptor with a shared lock on a shard published under its fetch lock, which the
+    caller holds (so nobody can be evicting it); its use refreshes its recency."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    os.utime(path)
+    return fd
 
 
 def _remove_if_unused(path: Path) -> bool:

@@ -216,7 +216,7 @@ class Dataset(RecordSource):
         path = self.path / entry.path
         held = None
         if self.cache is not None:
-            path, held = _fetch_and_hold(self.cache, entry)
+            path, held = self.cache.fetch_held(entry)
         shard = Shard(path, verify=self.verify_reads, max_decoded_bytes=self.max_decoded_bytes)
         if held is not None:  # the shared lock lives as long as the mapping (views included)
             weakref.finalize(shard._mmap, os.close, held)
@@ -339,18 +339,6 @@ def _renew_locks() -> None:
 
 
 os.register_at_fork(after_in_child=_renew_locks)
-
-
-def _fetch_and_hold(cache: ShardCache, entry: ShardEntry) -> tuple[Path, int]:
-    """The cached path of a shard and a descriptor pinning it (`ShardCache.hold`)."""
-    for _ in range(3):  # evicted by another process between fetch and hold: fetch again
-        path = cache.fetch(entry)
-        if (held := cache.hold(entry)) is not None:
-            return path, held
-    raise ConfigError(
-        f"{cache.config.url}: {entry.path} evicted 3 times before it was mapped (expected"
-        " a cache_limit_bytes that holds the shards in use)"
-    )
 
 
 def _m9(path: Path, found: str, expected: str) -> FormatError:

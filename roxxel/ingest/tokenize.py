@@ -22,6 +22,7 @@ import hashlib
 import importlib
 import itertools
 import os
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -206,8 +207,16 @@ def encode_threads(num_processes: int, num_cores: int | None = None) -> int:
     (1, 8, 1)
     """
     check_int("processes", num_processes, low=1)
-    cores = len(os.sched_getaffinity(0)) if num_cores is None else num_cores
+    cores = _num_cores() if num_cores is None else num_cores
     return max(1, cores // num_processes)
+
+
+def _num_cores() -> int:
+    """The cores this process may run on: its affinity on Linux (a container's or a
+    ``taskset``'s share), else every core."""
+    if sys.platform == "linux":
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 @contextlib.contextmanager

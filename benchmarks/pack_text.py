@@ -251,10 +251,10 @@ def make_inputs(text_mb: float, num_images: int) -> tuple[Path, Path, list[Path]
 
     if not kept("text_bytes"):
         train_tokenizer(make_corpus(src, wanted["text_bytes"]), tok_path)
-    if not kept("images"):
+    if num_images and not kept("images"):  # 0: no image rows (the photos are kept)
         shutil.rmtree(photos, ignore_errors=True)
         make_images(photos, num_images)
-    stamp.write_text(json.dumps(wanted))
+    stamp.write_text(json.dumps({**wanted, "images": num_images or made.get("images")}))
     return src, tok_path, sorted(photos.glob("*/*.jpg"))
 
 
@@ -290,6 +290,8 @@ def run(text_mb: float, num_images: int, repeats: int) -> list[tuple[str, str, s
     rows = _rows("tokenize", num_tokens, "tokens/s", times, ratios)
     if missing:
         rows.append((f"tokenize: {hf}", "missing", missing))
+    if not num_images:
+        return rows
     photos = WORK / "photos"
     img_unit = ["--unit-bytes", str(max(sum(p.stat().st_size for p in paths) // 16, 1))]
     one, two, pil = (
@@ -311,7 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.pack_text", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--text-mb", type=float, default=32.0, help="JSONL text to tokenize (32)")
-    ap.add_argument("--images", type=int, default=6000, help="JPEGs to pack (6000)")
+    ap.add_argument(
+        "--images", type=int, default=6000, help="JPEGs to pack (6000; 0: no image rows)"
+    )
     ap.add_argument("--repeats", type=int, default=3, help="runs per row (median)")
     args = ap.parse_args(argv)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())

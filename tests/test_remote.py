@@ -373,8 +373,9 @@ def test_a_shard_evicted_each_time_before_it_is_held_is_still_mapped(local, tmp_
 
 
 def test_fetching_ahead_never_evicts_what_was_fetched_ahead_and_not_used(local, tmp_path):
-    """A cache with room for 2 shards, asked to fetch 5 ahead: the first 2 come, the rest
-    give way instead of pushing them out (which fetched every shard and kept the last 2).
+    """A cache with room for 2 of the largest shards, asked to fetch all ahead (8 downloads at
+    once): those that fit come, the rest give way instead of pushing them out (which fetched
+    every shard and kept the last ones).
     Reads then evict as they must and see every record."""
     probe = roxxel.open_dataset(local)
     largest = max(s.num_bytes for s in probe.manifest.shards)
@@ -384,8 +385,9 @@ def test_fetching_ahead_never_evicts_what_was_fetched_ahead_and_not_used(local, 
     entries = dataset.manifest.shards
     cache.prefetch(entries)
     cache.wait()
-    assert cache.num_fetched == 2
-    assert _published(dataset) == sorted(e.path for e in entries[:2])
+    published = _published(dataset)  # which ones: whichever fetch threads ran first
+    assert cache.num_fetched == len(published) < dataset.num_shards  # none fetched, then lost
+    assert cache.cached_bytes() <= 2 * largest
     assert _labels(dataset) == list(range(NUM_RECORDS))
 
 

@@ -153,6 +153,8 @@ class ShardCache:
         self._threads: list[threading.Thread] = []
         self._published: set[str] = set()  # names this object saw published: fetch returns
         self._ahead: set[str] = set()  # published by a prefetch, not held since: see evict
+        self._room_lock = threading.Lock()  # one eviction decision at a time in this process
+        self._reserved = 0  # bytes of the downloads running in this process (not published)
         self._num_shards = 0  # in the manifest read last: see num_missing
         with _COUNTS_LOCK:
             _OPEN.add(self)
@@ -400,8 +402,6 @@ class ShardCache:
                         self._turn.notify_all()
         with self._lock:
             self._published.add(entry.path)
-            if ahead:
-                self._ahead.add(entry.path)
         future.set_result(path)
         return path, held
 
@@ -419,21 +419,32 @@ class ShardCache:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if self.is_current(entry):
                 return path, _held(path) if hold else None
-            if ahead:
-                with self._lock:
-                    spare = frozenset(self._ahead)
-                if self.evict(entry.num_bytes, spare) < 0:
-                    raise _NoRoom(entry.path)
-            else:
-                self.evict(entry.num_bytes)
+            with self._room_lock:  # the room of downloads still running counts as taken
+                if ahead:
+                    with self._lock:
+                        spare = frozenset(self._ahead)
+                    if self.evict(entry.num_bytes + self._reserved, spare) < 0:
+                        raise _NoRoom(entry.path)
+                else:
+                    self.evict(entry.num_bytes + self._reserved)
+                self._reserved += entry.num_bytes
             # one name per shard: the lock is ours, and a part left by a dead fetcher is reused
             temp = self.folder / f".{entry.path}{_PART}"
             try:
                 self._download(entry, temp)
                 self._check(entry, temp)
+                if ahead:  # spared from the moment it shows: see evict
+                    with self._lock:
+                        self._ahead.add(entry.path)
                 os.replace(temp, path)
+            except BaseException:
+                with self._lock:
+                    self._ahead.discard(entry.path)
+                raise
             finally:
                 temp.unlink(missing_ok=True)
+                with self._room_lock:
+                    self._reserved -= entry.num_bytes
             if self._durable:
                 _fsync_dir(self.folder)
             with self._lock:

@@ -202,8 +202,8 @@ class Prefetcher:
     first produces the next one (the loader's gather and its host-to-device copies overlap);
     one item waits between the two. The order and the errors are as with one thread.
 
-    Thread-safety: one consumer thread. ``close`` is idempotent and joins the thread; the
-    thread holds no reference to whoever owns the Prefetcher, so owners can close it from
+    Thread-safety: one consumer thread. ``close`` is idempotent and joins the threads; they
+    hold no reference to whoever owns the Prefetcher, so owners can close it from
     ``__del__``.
     """
 
@@ -263,7 +263,7 @@ class Prefetcher:
         return None
 
     def close(self) -> None:
-        """Stop producing, drop what is queued, join the thread."""
+        """Stop producing, drop what is queued, join the threads."""
         self._done = True
         self._stop.set()
         if threading.current_thread() in self._threads:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 
 import jax
 import numpy as np
@@ -19,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 import roxxel
 from roxxel.errors import ConfigError
 from roxxel.loader import loader as loader_module
-from roxxel.loader.host import BufferPool, LoaderStats, RowSpec, SlicedTransform, slice_bounds
+from roxxel.loader.host import BufferPool, LoaderStats, RowSpec
 from roxxel.loader.loader import Loader, LoaderConfig, host_rng
 from roxxel.loader.pinned import CudaRegistrar, Registrar, registrar_for
 
@@ -67,26 +68,26 @@ def _noisy_in_place(batch, rng):
 
 @pytest.mark.parametrize("transform", [_noisy_copy, _noisy_in_place])
 def test_issue14_host_threads_gives_the_batches_of_one_thread(dataset, transform):
-    one = _run(dataset, 5, host_transform=transform, host_threads=1)
-    for threads in (2, 3, 8):
+    one = _run(dataset, 5, host_transform=transform)
+    for threads in (1, 2, 3, 8):
         _assert_same(_run(dataset, 5, host_transform=transform, host_threads=threads), one)
     assert not _host_threads()
 
 
-def test_issue14_host_threads_without_a_transform_gathers_slices_in_threads(dataset):
+def test_issue14_host_threads_without_a_transform_reads_in_threads(dataset):
     plain = _run(dataset, 7)
     _assert_same(_run(dataset, 7, host_threads=3), plain)
     padded = LoaderConfig(final_batch="pad", provenance=True, host_threads=2)
     expected = LoaderConfig(final_batch="pad", provenance=True)
     got = [dict(b) for b in Loader(dataset, 16, seed=2, config=padded)]
     _assert_same(got, [dict(b) for b in Loader(dataset, 16, seed=2, config=expected)])
-    assert not got[-1]["valid"].all()  # the padded last batch went through the slices too
+    assert not got[-1]["valid"].all()  # the padded last batch came from a host thread too
 
 
-def test_issue14_a_mixture_gathers_its_slices_like_one_thread(dataset):
+def test_issue14_a_mixture_is_assembled_as_by_one_thread(dataset):
     sources = {"a": roxxel.Records(dataset), "b": roxxel.Records(dataset)}
     mixture = roxxel.Mixture(sources, [roxxel.Phase({"a": 1, "b": 3})], batch_size=16, seed=4)
-    one = LoaderConfig(provenance=True, host_transform=_noisy_copy, host_threads=1)
+    one = LoaderConfig(provenance=True, host_transform=_noisy_copy)
     two = LoaderConfig(provenance=True, host_transform=_noisy_copy, host_threads=2)
     with Loader(mixture, config=one) as a, Loader(mixture, config=two) as b:
         _assert_same(
@@ -95,36 +96,18 @@ def test_issue14_a_mixture_gathers_its_slices_like_one_thread(dataset):
         )
 
 
-def test_issue14_each_slice_draws_from_its_first_rows_stream(dataset):
+def test_issue14_each_batch_draws_from_its_steps_stream(dataset):
     got = _run(dataset, 3, host_transform=_noisy_copy, host_threads=2)
     plain = _run(dataset, 3)
-    step, (start, stop) = 2, slice_bounds(16)[5]
-    expected = plain[step]["image"][start:stop] + host_rng(7, step, start).normal(
-        size=(stop - start, 6)
-    ).astype(np.float32)
-    np.testing.assert_array_equal(got[step]["image"][start:stop], expected)
-    np.testing.assert_array_equal(got[step]["label"], plain[step]["label"] * 2)
+    for step in range(3):
+        noise = host_rng(7, step).normal(size=(16, 6)).astype(np.float32)
+        np.testing.assert_array_equal(got[step]["image"], plain[step]["image"] + noise)
+        np.testing.assert_array_equal(got[step]["label"], plain[step]["label"] * 2)
 
 
-def test_issue14_host_rng_without_a_row_is_the_step_stream_of_before():
+def test_issue14_host_rng_is_the_step_stream_of_before():
     legacy = np.random.Generator(np.random.Philox(key=np.array([3, 4], dtype=np.uint64)))
     assert host_rng(3, 4).integers(1 << 62) == legacy.integers(1 << 62)
-    assert host_rng(3, 4, 0).integers(1 << 62) != host_rng(3, 4).integers(1 << 62)
-
-
-def test_issue14_slices_are_keyed_by_their_first_global_row():
-    def draw(rows, rng):  # as on process 1 of 2: this block holds global rows 16..31
-        return {"x": rows["x"], "draw": np.full(len(rows["x"]), rng.integers(1 << 62))}
-
-    sliced = SlicedTransform(draw, 3)
-    try:
-        rows = np.arange(16, 32)
-        out = sliced({"x": np.zeros(16)}, rows, lambda row: host_rng(5, 9, row))
-    finally:
-        sliced.close()
-    for start, stop in slice_bounds(16):
-        expected = host_rng(5, 9, 16 + start).integers(1 << 62)
-        assert (out["draw"][start:stop] == expected).all()
 
 
 def test_issue14_sharded_batches_equal_numpy_batches_with_host_threads(dataset):
@@ -136,7 +119,7 @@ def test_issue14_sharded_batches_equal_numpy_batches_with_host_threads(dataset):
     _assert_same(placed, sharded)
 
 
-def test_issue14_close_break_and_exhaustion_join_every_helper_thread(dataset):
+def test_issue14_close_break_and_exhaustion_join_every_host_thread(dataset):
     config = LoaderConfig(num_epochs=None, host_transform=_noisy_copy, host_threads=3)
     loader = Loader(dataset, 8, config=config)
     next(loader)
@@ -152,7 +135,7 @@ def test_issue14_close_break_and_exhaustion_join_every_helper_thread(dataset):
     assert not _host_threads()
 
 
-def test_issue14_restore_restarts_the_helpers_and_keeps_the_batches(dataset):
+def test_issue14_restore_restarts_the_host_threads_and_keeps_the_batches(dataset):
     config = LoaderConfig(num_epochs=None, host_transform=_noisy_copy, host_threads=2)
     reference = _run(dataset, 4, host_transform=_noisy_copy, host_threads=2)
     with Loader(dataset, 16, seed=7, config=config) as loader:
@@ -164,48 +147,56 @@ def test_issue14_restore_restarts_the_helpers_and_keeps_the_batches(dataset):
     _assert_same(got, reference[1:])
 
 
-def _fails_from_row_8(batch, rng):
-    if batch["label"].size and batch["label"][0] in _fails_from_row_8.labels:
-        raise RuntimeError("slice failed")
+def _fails_at_step_2(batch, rng):
+    if batch["label"][0] == _fails_at_step_2.first_label:
+        raise RuntimeError("transform failed")
     return batch
 
 
-def test_issue14_a_slice_error_reaches_the_consumer_and_no_thread_is_left(dataset):
-    plain = _run(dataset, 1)[0]["label"]
-    _fails_from_row_8.labels = set(plain[8:].tolist())
-    config = LoaderConfig(host_transform=_fails_from_row_8, host_threads=4)
-    with pytest.raises(RuntimeError, match="slice failed"):
-        next(Loader(dataset, 16, seed=7, config=config))
+def test_issue14_a_transform_error_reaches_the_consumer_in_step_order(dataset):
+    plain = _run(dataset, 3)
+    _fails_at_step_2.first_label = plain[2]["label"][0]
+    config = LoaderConfig(host_transform=_fails_at_step_2, host_threads=4)
+    loader = Loader(dataset, 16, seed=7, config=config)
+    _assert_same([dict(next(loader)), dict(next(loader))], plain[:2])  # steps before it
+    with pytest.raises(RuntimeError, match="transform failed"):
+        next(loader)
+    del loader
     gc.collect()
     assert not _host_threads()
 
 
-def test_issue14_slices_returning_different_fields_is_a_config_error():
-    def by_row(batch, rng):
-        return {"x": batch["x"]} if batch["x"][0] == 0 else {"y": batch["x"]}
-
-    sliced = SlicedTransform(by_row, 2)
-    try:
-        with pytest.raises(ConfigError, match="host_transform fields for rows"):
-            sliced({"x": np.arange(16)}, np.arange(16), lambda row: host_rng(0, 0, row))
-    finally:
-        sliced.close()
-
-
-def test_issue14_closing_from_a_helper_thread_neither_raises_nor_hangs():
+def test_issue14_a_loader_dropped_on_a_host_thread_neither_raises_nor_hangs(dataset):
     box = {}
 
-    def closes_on_a_helper(rows, rng):
-        if threading.current_thread().name.startswith("roxxel-host"):
-            box["sliced"].close()  # as a loader dropped by garbage collection there would
+    def drops_the_loader(rows, rng):
+        if threading.current_thread().name.startswith("roxxel-host") and "loader" in box:
+            box.pop("loader").close()  # as garbage collection of the loader there would
         return rows
 
-    sliced = box["sliced"] = SlicedTransform(closes_on_a_helper, 2)
-    out = sliced({"x": np.arange(16)}, np.arange(16), lambda row: host_rng(0, 0, row))
-    np.testing.assert_array_equal(out["x"], np.arange(16))
-    for thread in _host_threads():
-        thread.join(timeout=30)  # told to stop: each exits once idle
+    config = LoaderConfig(num_epochs=None, host_transform=drops_the_loader, host_threads=2)
+    box["loader"] = loader = Loader(dataset, 16, seed=7, config=config)
+    it = iter(loader)
+    next(it, None)  # a batch, or the end: the loader was closed while making it
+    del loader, it
+    deadline = time.monotonic() + 30
+    while _host_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)  # told to stop: each exits once idle
     assert not _host_threads()
+
+
+def test_issue14_host_threads_assemble_different_batches_at_once(dataset):
+    # each call waits for a second one: only two steps transformed at once get past it
+    met = threading.Barrier(2, timeout=10)
+
+    def meets(rows, rng):
+        met.wait()
+        return rows
+
+    config = LoaderConfig(num_epochs=None, host_transform=meets, host_threads=2)
+    with Loader(dataset, 1, seed=7, config=config) as loader:
+        labels = [int(next(loader)["label"][0]) for _ in range(4)]
+    assert labels == [int(b["label"][0]) for b in _run(dataset, 4, batch_size=1)]
 
 
 @pytest.mark.parametrize("threads", [0, -1, True, 1.5, 257])

@@ -9,9 +9,6 @@ Two pieces, both independent of files, order and devices:
 - `Prefetcher` runs ``produce(step)`` for consecutive steps in one background thread, into a
   bounded queue; ``get`` re-raises the thread's exception, with its traceback, in the
   consumer, and ``close`` joins the thread.
-- `SlicedTransform` runs a host transform over fixed slices of a batch's rows, in the calling
-  thread and a small pool of helpers (numpy releases the GIL), with the same result for any
-  number of threads.
 - `Timings` adds up where each batch's time goes (`LoaderStats` is its summary).
 """
 
@@ -20,14 +17,13 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import itertools
 import math
 import queue
 import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, cast
 
 import numpy as np
@@ -37,12 +33,10 @@ from roxxel.loader.pinned import PAGE_BYTES, Registrar
 
 __all__ = [
     "ALIGN",
-    "HOST_SLICES",
     "BufferPool",
     "LoaderStats",
     "Prefetcher",
     "RowSpec",
-    "SlicedTransform",
     "Timings",
 ]
 
@@ -181,6 +175,11 @@ def _offsets(layout: RowSpec, num_rows: int) -> tuple[list[int], int]:
     return offsets, max(position, ALIGN)
 
 
+def _result(item: object) -> object:
+    """The item, or the result of the future it is (raising what the work raised)."""
+    return item.result() if isinstance(item, concurrent.futures.Future) else item
+
+
 class _Failure:
     __slots__ = ("error",)
 
@@ -200,7 +199,11 @@ class Prefetcher:
 
     With ``finish``, a second thread turns each item into ``finish(step, item)`` while the
     first produces the next one (the loader's gather and its host-to-device copies overlap);
-    one item waits between the two. The order and the errors are as with one thread.
+    up to ``handoff`` items wait between the two. The order and the errors are as with one
+    thread.
+
+    An item may be a `concurrent.futures.Future` (work ``produce`` handed to other threads):
+    ``finish``, or else ``get``, waits for its result, in step order.
 
     Thread-safety: one consumer thread. ``close`` is idempotent and joins the threads; they
     hold no reference to whoever owns the Prefetcher, so owners can close it from
@@ -214,9 +217,12 @@ class Prefetcher:
         depth: int,
         timings: Timings | None = None,
         finish: Callable[[int, Any], object] | None = None,
+        handoff: int = 1,
     ) -> None:
-        if depth < 1:
-            raise ConfigError(f"pipeline.Prefetcher: depth ({depth}, expected >= 1)")
+        if depth < 1 or handoff < 1:
+            raise ConfigError(
+                f"pipeline.Prefetcher: depth {depth}, handoff {handoff} (expected >= 1, >= 1)"
+            )
         self._produce = produce
         self._timings = timings if timings is not None else Timings()
         self._queue: queue.Queue[object] = queue.Queue(maxsize=depth)
@@ -227,7 +233,7 @@ class Prefetcher:
         ]
         self._handoff: queue.Queue[object] | None = None
         if finish is not None:
-            self._handoff = queue.Queue(maxsize=1)
+            self._handoff = queue.Queue(maxsize=handoff)
             self._threads.append(
                 threading.Thread(
                     target=self._finish, args=(finish,), name="roxxel-placer", daemon=True
@@ -259,7 +265,15 @@ class Prefetcher:
                 self.close()
                 raise entry.error
             else:
-                return entry  # type: ignore[return-value]
+                step, item = cast(tuple[int, object], entry)
+                del entry
+                try:
+                    return step, _result(item)
+                except concurrent.futures.CancelledError:  # closed from another thread
+                    self._done = True
+                except BaseException:
+                    self.close()
+                    raise
         return None
 
     def close(self) -> None:
@@ -316,7 +330,7 @@ class Prefetcher:
             step, item = cast(tuple[int, object], entry)
             del entry
             try:
-                done = finish(step, item)
+                done = finish(step, _result(item))
             except BaseException as error:  # handed to the consumer, never dropped
                 self._put(self._queue, _Failure(error))
                 return
@@ -339,139 +353,6 @@ class Prefetcher:
                 continue
 
 
-HOST_SLICES = 8  # a batch's rows in this many fixed slices, whatever the thread count
-_HELPER = "roxxel-host"  # the helper threads' name prefix
-
-Batch = dict[str, np.ndarray]
-
-
-def slice_bounds(num_rows: int) -> list[tuple[int, int]]:
-    """The fixed, non-empty [start, stop) row slices a sliced host transform sees.
-
-    >>> slice_bounds(20)[:3], len(slice_bounds(20)), slice_bounds(2), slice_bounds(0)
-    ([(0, 2), (2, 5), (5, 7)], 8, [(0, 1), (1, 2)], [(0, 0)])
-    """
-    edges = sorted({i * num_rows // HOST_SLICES for i in range(HOST_SLICES + 1)})
-    return list(itertools.pairwise(edges)) or [(0, 0)]
-
-
-class SlicedTransform:
-    """The host work of a batch over its fixed row slices (`slice_bounds`), in the calling
-    thread and ``num_threads - 1`` helpers: ``fill(start, stop, rows)`` (the gather of those
-    rows, when given), then ``fn(rows, rng) -> rows`` (the transform, when there is one).
-
-    Each thread takes a contiguous run of slices (`_groups`), reads their rows with one
-    ``fill`` call, then transforms each slice with ``rng_for(first_row)`` (the slice's first
-    row's global index), so every slice sees the same rows and generator for any number of
-    threads and the joined batch is the same. Output fields that are the slice's own input
-    arrays (a transform that works in place) stay in the batch buffer; any other output is
-    joined with one copy (``np.concatenate``).
-
-    Thread-safety: called from one thread (the pipeline's); ``close`` joins the helpers
-    (idempotent; a later call starts new ones).
-
-    Raises:
-        ConfigError: the slices return different fields.
-        Whatever ``fn`` raises, from the first slice (in row order) that raised, once every
-        slice has finished with the batch buffer.
-    """
-
-    def __init__(
-        self, fn: Callable[[Batch, np.random.Generator], Batch] | None, num_threads: int
-    ) -> None:
-        self._fn = fn
-        self._num_threads = num_threads
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self.read_share = 1.0  # of the last batch's thread time, the part spent reading
-
-    def __call__(
-        self,
-        batch: Batch,
-        rows: np.ndarray,
-        rng_for: Callable[[int], np.random.Generator],
-        fill: Callable[[int, int, Batch], None] | None = None,
-    ) -> Batch:
-        bounds = slice_bounds(len(rows))
-        parts = [{name: array[a:b] for name, array in batch.items()} for a, b in bounds]
-        firsts = [int(rows[a]) if a < len(rows) else a for a, _ in bounds]
-        outs: list[Batch | None] = [None] * len(parts)
-        errors: list[BaseException | None] = [None] * len(parts)
-        groups = _groups(len(parts), self._num_threads)
-        spent = [[0.0, 0.0] for _ in groups]  # seconds reading, transforming per thread
-
-        def run(thread: int) -> None:
-            ks = groups[thread]
-            began = time.perf_counter()
-            for k in ks:
-                try:
-                    if fill is not None and k == ks[0]:  # the thread's rows in one read
-                        start, stop = bounds[ks[0]][0], bounds[ks[-1]][1]
-                        fill(start, stop, {n: a[start:stop] for n, a in batch.items()})
-                        spent[thread][0] = time.perf_counter() - began
-                    fn = self._fn
-                    outs[k] = parts[k] if fn is None else fn(parts[k], rng_for(firsts[k]))
-                except BaseException as error:  # re-raised below, in slice order
-                    errors[k] = error
-            spent[thread][1] = time.perf_counter() - began - spent[thread][0]
-
-        helpers = [self._helpers().submit(run, t) for t in range(1, len(groups))]
-        run(0)
-        concurrent.futures.wait(helpers)
-        reading, transforming = (sum(column) for column in zip(*spent, strict=True))
-        self.read_share = reading / max(reading + transforming, 1e-12)
-        first_error = next((e for e in errors if e is not None), None)
-        if first_error is not None:
-            raise first_error
-        if self._fn is None:
-            return batch
-        return _join(batch, parts, cast(list[Batch], outs), bounds)
-
-    def _helpers(self) -> concurrent.futures.ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=max(1, self._num_threads - 1), thread_name_prefix=_HELPER
-            )
-        return self._pool
-
-    def close(self) -> None:
-        """Join the helper threads (from one of them, as when garbage collection there
-        drops the loader: stop them without joining, they exit once idle)."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=not threading.current_thread().name.startswith(_HELPER))
-
-
-def _groups(num_slices: int, num_threads: int) -> list[list[int]]:
-    """Contiguous runs of slices, one per thread (at most one thread per slice).
-
-    >>> _groups(8, 3), _groups(2, 4)
-    ([[0, 1], [2, 3, 4], [5, 6, 7]], [[0], [1]])
-    """
-    n = min(num_slices, num_threads)
-    return [list(range(t * num_slices // n, (t + 1) * num_slices // n)) for t in range(n)]
-
-
-def _join(
-    batch: Batch, parts: Sequence[Batch], outs: Sequence[Batch], bounds: Sequence[tuple[int, int]]
-) -> Batch:
-    names = list(outs[0])
-    for out, (a, b) in zip(outs, bounds, strict=True):
-        if list(out) != names:
-            raise ConfigError(
-                f"loader: host_transform fields for rows [{a}, {b}) ({sorted(out)}, expected "
-                f"{sorted(names)}, the fields of the first slice)"
-            )
-    joined = {}
-    for name in names:
-        arrays = [out[name] for out in outs]
-        in_place = all(a is part.get(name) for a, part in zip(arrays, parts, strict=True))
-        if in_place:
-            joined[name] = batch[name]
-        else:
-            joined[name] = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
-    return joined
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class LoaderStats:
     """Where a loader's time went, in seconds per batch (means since it started).
@@ -479,7 +360,8 @@ class LoaderStats:
     Attributes:
         num_batches: batches the pipeline produced.
         gather_s: reading the rows into the host buffer (page faults included).
-        transform_s: the host transform.
+        transform_s: the host transform. With ``host_threads`` these two are thread time:
+            their sum may exceed the wall time of a batch.
         place_s: placement: dispatching the host-to-device copies (and a device transform),
             not waiting for them.
         wait_consumer_s: the pipeline waiting for room in the queue: the consumer (the
@@ -506,9 +388,8 @@ Spent = Literal["gather", "transform", "place", "wait_consumer", "wait_producer"
 
 
 class Timings:
-    """Running totals behind `LoaderStats`. Each total is written by one thread (the
-    pipeline's, or the consumer's for ``wait_producer``) and read by any: float adds under
-    the GIL, no lock."""
+    """Running totals behind `LoaderStats`, added to by the loader's threads (the host
+    threads of `LoaderConfig.host_threads` add at once) and read by any."""
 
     def __init__(self) -> None:
         self.num_batches = 0
@@ -516,9 +397,11 @@ class Timings:
         self.totals: dict[Spent, float] = dict.fromkeys(
             ("gather", "transform", "place", "wait_consumer", "wait_producer"), 0.0
         )
+        self._lock = threading.Lock()
 
     def add(self, what: Spent, seconds: float) -> None:
-        self.totals[what] += seconds
+        with self._lock:
+            self.totals[what] += seconds
 
     def stats(self) -> LoaderStats:
         made, taken = max(self.num_batches, 1), max(self.num_taken, 1)

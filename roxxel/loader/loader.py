@@ -11,11 +11,15 @@ the next ``prefetch`` batches into reusable host buffers and places them.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import functools
 import resource
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sized
+from concurrent.futures import Future
 from typing import Any, Literal
 
 import jax
@@ -30,7 +34,6 @@ from roxxel.loader.host import (
     LoaderStats,
     Prefetcher,
     RowSpec,
-    SlicedTransform,
     Spent,
     Timings,
 )
@@ -69,15 +72,17 @@ class LoaderConfig:
         prefetch: batches assembled and placed ahead of the consumer (>= 1).
         readahead: steps ahead whose pages get ``madvise(WILLNEED)`` while reads miss the
             page cache (the pipeline thread saw major page faults lately); 0 = never.
-        host_transform: ``fn(batch, rng) -> batch`` on numpy host rows in the pipeline
-            thread; ``rng`` is `host_rng(seed, step)`. With a sharding it sees this
-            process's rows only.
-        host_threads: None runs `host_transform` once per batch, as above. An int N >= 1
-            runs it on the batch's 8 fixed row slices (`roxxel.loader.host.slice_bounds`)
-            in N threads (the pipeline thread and N - 1 helpers; numpy releases the GIL),
-            each slice with ``rng = host_rng(seed, step, row)`` for its first row's global
-            index: the batch is the same for every N. Each output field must have the
-            slice's rows first; fields the transform returns in place cost no copy.
+        host_transform: ``fn(batch, rng) -> batch`` on numpy host rows, once per batch, in
+            the pipeline thread (or a host thread, below); ``rng`` is
+            `host_rng(seed, step)`. With a sharding it sees this process's rows only.
+        host_threads: None or 1 reads and transforms each batch in the pipeline thread.
+            N >= 2 hands whole batches to N threads (``roxxel-host-*``) that read and
+            transform several steps at once (numpy releases the GIL), while the pipeline
+            thread picks the rows of each step in order: the batches, their order and
+            their errors are those of one thread, since each step's ``rng`` depends on
+            the step alone. Up to ``max(prefetch, N)`` batches are in the works at once,
+            each in its own host buffer; the transform must allow calls from several
+            threads at once.
         pin_host: stage batches bound for CUDA devices in page-locked host buffers (the
             gather writes into them; the copy to the device runs at the link's full rate);
             no effect on CPU, or where the CUDA runtime does not load. On an H100 it made
@@ -144,21 +149,14 @@ class LoaderConfig:
         return options
 
 
-def host_rng(seed: int, step: int, row: int | None = None) -> np.random.Generator:
+def host_rng(seed: int, step: int) -> np.random.Generator:
     """The host transform's generator for `step`: Philox keyed by (seed, step), no state.
-
-    With `row` (a global row index, for `LoaderConfig.host_threads`), the stream of that
-    row: the same key, its counter started 2**128 * (row + 1) blocks in, so no two rows'
-    streams meet.
 
     >>> int(host_rng(0, 5).integers(1 << 30)) == int(host_rng(0, 5).integers(1 << 30))
     True
-    >>> int(host_rng(0, 5, 3).integers(1 << 30)) != int(host_rng(0, 5, 4).integers(1 << 30))
-    True
     """
     key = np.array([seed, step], dtype=np.uint64)
-    counter = None if row is None else np.array([0, 0, row + 1, 0], dtype=np.uint64)
-    return np.random.Generator(np.random.Philox(key=key, counter=counter))
+    return np.random.Generator(np.random.Philox(key=key))
 
 
 class Loader:
@@ -384,12 +382,14 @@ class Loader:
         if self._prefetcher is None:
             assembler = self._assembler
             apart = self._sharding is not None and places_apart(self._sharding)
+            ahead = max(self.config.prefetch, self.config.host_threads or 1)
             self._prefetcher = Prefetcher(
-                assembler.gather if apart else assembler,
+                functools.partial(assembler.produce, place=not apart),
                 self._step,
-                self.config.prefetch,
+                ahead,  # with host threads: a batch in the works for each
                 self._timings,
                 finish=assembler.place if apart else None,
+                handoff=max(1, ahead - 1),
             )
         try:
             entry = self._prefetcher.get()
@@ -423,17 +423,21 @@ class _Assembler:
         self._plans: dict[tuple[Any, ...], dict[str, device.RowPlacement]] = {}
         self._device_fn = jax.jit(config.device_transform) if config.device_transform else None
         self.timings = Timings()
-        self._sliced = None
-        if config.host_threads is not None:
-            self._sliced = SlicedTransform(config.host_transform, config.host_threads)
+        threads = config.host_threads
+        self._workers_wanted = threads if threads is not None and threads > 1 else None
+        self._workers: concurrent.futures.ThreadPoolExecutor | None = None
         self._registrar: Registrar | None = None
         if sharding is not None and config.pin_host:
             self._registrar = registrar_for(_devices_of(sharding))
 
     def stop_helpers(self) -> None:
-        """Join the host transform's helper threads (a later batch starts them again)."""
-        if self._sliced is not None:
-            self._sliced.close()
+        """Join the host threads, dropping batches not started (a later batch starts new
+        ones); from a host thread itself (garbage collection there dropped the loader), stop
+        them without joining: they exit once idle."""
+        workers, self._workers = self._workers, None
+        if workers is not None:
+            here = threading.current_thread().name.startswith(_HOST_THREAD)
+            workers.shutdown(wait=not here, cancel_futures=True)
 
     def close(self) -> None:
         """Join the helper threads; drop (unpin) the free host buffers."""
@@ -463,8 +467,30 @@ class _Assembler:
             return host
         return self.place(step, host)
 
+    def produce(self, step: int, place: bool) -> Batch | Future[Batch] | None:
+        """The pipeline thread's work for `step`: its rows picked here, in step order; the
+        batch read, transformed (and placed, if `place`) here, or with `host_threads` on the
+        host threads (a Future). None at the end."""
+        job = self.begin(step)
+        if job is None:
+            return None
+        work = job if not place or self._sharding is None else lambda: self.place(step, job())
+        if self._workers_wanted is None:
+            return work()
+        if self._workers is None:
+            self._workers = concurrent.futures.ThreadPoolExecutor(
+                self._workers_wanted, thread_name_prefix=_HOST_THREAD
+            )
+        return self._workers.submit(work)
+
     def gather(self, step: int) -> Batch | None:
         """The host batch of `step` (this process's rows, host-transformed); None at the end."""
+        job = self.begin(step)
+        return None if job is None else job()
+
+    def begin(self, step: int) -> Callable[[], Batch] | None:
+        """Pick `step`'s rows and take its buffer (the pipeline thread, in step order); the
+        job that reads and transforms them (any thread). None at the end."""
         if _past_bound(self._picker, step):  # the stream ends where positions would wrap
             return None
         batch_size = self._picker.batch_size_at(step)
@@ -478,20 +504,19 @@ class _Assembler:
             batch_size, len(rows), self._picker.row_spec_at(step, self._extras)
         ).acquire()
         self._add_extras(pick, rows, host)
+        self._lap("gather", began)
+        return functools.partial(self._read, step, rows, pick, host)
+
+    def _read(self, step: int, rows: np.ndarray, pick: Pick, host: Batch) -> Batch:
+        began = time.perf_counter()
         faults = _major_faults()
-        sliced = self._sliced
-        if sliced is None:
-            self._picker.fill(pick, host)
-            began = self._lap("gather", began)
-            host = self._transform(step, rows, host)
-        else:  # gather and transform row slices in threads: the two overlap
-            host = sliced(host, rows, self._rng_for(step), self._slice_filler(pick))
-            now = time.perf_counter()  # the wall time split by the threads' time reading
-            self.timings.add("gather", (now - began) * sliced.read_share)
-            began = now - (now - began) * (1 - sliced.read_share)
-        if (
-            faults is None or _major_faults() != faults
-        ):  # cold pages: keep reading ahead for a while
+        self._picker.fill(pick, host)
+        cold = faults is None or _major_faults() != faults
+        began = self._lap("gather", began)
+        fn = self._config.host_transform
+        if fn is not None:
+            host = fn(host, host_rng(self._seed, step))
+        if cold:  # cold pages: keep reading ahead for a while
             self._cold_until = step + 1 + _COLD_STEPS * self._config.readahead
         self._lap("transform", began)
         return host
@@ -512,28 +537,6 @@ class _Assembler:
         now = time.perf_counter()
         self.timings.add(what, now - began)
         return now
-
-    def _transform(self, step: int, rows: np.ndarray, host: Batch) -> Batch:
-        fn = self._config.host_transform
-        return host if fn is None else fn(host, host_rng(self._seed, step))
-
-    def _rng_for(self, step: int) -> Callable[[int], np.random.Generator]:
-        seed = self._seed
-        return lambda row: host_rng(seed, step, row)
-
-    def _slice_filler(self, pick: Pick) -> Callable[[int, int, Batch], None]:
-        """Reads rows [start, stop) of `pick` into that slice of the batch (any thread)."""
-        picker = self._picker
-
-        def fill(start: int, stop: int, part: Batch) -> None:
-            num_read = min(max(pick.num_read - start, 0), stop - start)
-            end = start + num_read
-            ids, records = pick.source_ids[start:end], pick.records[start:end]
-            picker.fill(
-                dataclasses.replace(pick, num_read=num_read, source_ids=ids, records=records), part
-            )
-
-        return fill
 
     def _plans_for(self, batch_size: int, host: Batch) -> dict[str, device.RowPlacement]:
         shapes = {name: (batch_size, *array.shape[1:]) for name, array in host.items()}
@@ -599,6 +602,7 @@ def places_apart(sharding: Any) -> bool:
     return any(d.platform != "cpu" for d in _devices_of(sharding))
 
 
+_HOST_THREAD = "roxxel-host"  # the name prefix of the threads of LoaderConfig.host_threads
 _COLD_STEPS = 8  # read ahead this many times `readahead` steps after the last major fault
 # fetching for a dataset at a URL: up to this many times `readahead` steps ahead, at most
 # _FETCH_BURST steps further per batch, while fewer than _FETCH_QUEUED downloads wait

@@ -8,7 +8,8 @@ so a change of load hits all of them alike):
 - time to the first shuffled batch from a cold cache / time to fetch only the shards that batch
   reads, as raw GETs, 8 in parallel (the issue's limit: at most 1.5); also / the same shards
   through roxxel's cache (download + verify + fsync + rename), to show the Loader's own share;
-- an epoch through the Loader with the cache warming up (shuffled, and in order) / the
+- an epoch through the Loader with the cache warming up (shuffled, shuffled within groups of
+  4 shards, and in order) / the
   server's bulk rate: every shard as one whole-object GET, 8 in parallel, into memory (at least
   0.8); boto3's ``get_object`` over the same 8 threads is printed beside it for reference, and
   the cache alone (``Dataset.prefetch`` of every shard, no Loader) over the same bulk rate;
@@ -170,29 +171,42 @@ class Bench:
         alone_store.close()
         return {"first_s": first, "raw_s": raw, "fetch_s": fetched, "shards": len(shard_ids)}
 
-    def epoch(self, shuffle: bool) -> float:
-        """Seconds for an epoch through the Loader, the cache warming up."""
-        from roxxel.loader.loader import Loader
+    def epoch(self, shuffle: bool, group_shards: int | None = None) -> float:
+        """Seconds for an epoch through the Loader, the cache warming up (shuffled within
+        groups of shards with `group_shards`)."""
+        from roxxel.loader.loader import Loader, LoaderConfig
 
         dataset, store = _open(self.url, self.cache_dir(), self.options)
+        config = LoaderConfig(shuffle_group_shards=group_shards)
         start = time.perf_counter()
-        with Loader(dataset, self.batch, seed=2, shuffle=shuffle) as loader:
+        with Loader(dataset, self.batch, seed=2, shuffle=shuffle, config=config) as loader:
             for _ in loader:
                 pass
         seconds = time.perf_counter() - start
         store.close()
         return seconds
 
-    def prefetch_all(self) -> float:
+    def prefetch_all(self) -> dict[str, float]:
         """Seconds for `Dataset.prefetch` of every shard (the cache alone: download, verify,
-        publish; 8 at once), no Loader."""
-        dataset, store = _open(self.url, self.cache_dir(), self.options)
+        publish; 8 at once), no Loader; then a shuffled epoch over the filled cache (the
+        Loader alone, nothing left to fetch)."""
+        from roxxel.loader.loader import Loader
+
+        folder = self.cache_dir()
+        dataset, store = _open(self.url, folder, self.options)
         start = time.perf_counter()
         dataset.prefetch(range(dataset.num_shards))
         store.wait()
-        seconds = time.perf_counter() - start
+        fetched = time.perf_counter() - start
         store.close()
-        return seconds
+        dataset, store = _open(self.url, folder, self.options)
+        start = time.perf_counter()
+        with Loader(dataset, self.batch, seed=2) as loader:
+            for _ in loader:
+                pass
+        warm = time.perf_counter() - start
+        store.close()
+        return {"s": fetched, "warm_epoch_s": warm}
 
     def opened_epoch(self) -> dict[str, float]:
         """Streaming's counterpart: from `open_dataset` (a fresh cache) to the first shuffled
@@ -267,15 +281,26 @@ def _ratios(rounds: list[dict[str, float]], top: str, bottom: str) -> tuple[floa
     return round(statistics.median(each), 2), [round(x, 2) for x in each]
 
 
-def _round(bench: Bench, boto: Any, keys: list[str], streaming: Callable | None, k: int) -> dict:
-    """One round: every measurement once, in an order rotated by ``k``."""
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _round(
+    bench: Bench, boto: Any, keys: list[str], streaming: Callable | None, k: int, server: int
+) -> dict:
+    """One round: every measurement once, in an order rotated by ``k``, with the CPU
+    seconds it cost this process and the server (``<name>_cpu``, ``<name>_server_cpu``)."""
     steps: list[tuple[str, Callable[[], Any]]] = [
         ("bulk_s", lambda: _gets(bench.fs, bench.paths)),
         ("boto_s", lambda: _boto_gets(boto, keys)),
         ("first", bench.first_batch),
         ("shuffled_s", lambda: bench.epoch(True)),
+        ("grouped_s", lambda: bench.epoch(True, group_shards=4)),
         ("in_order_s", lambda: bench.epoch(False)),
-        ("prefetch_s", bench.prefetch_all),
+        ("prefetch", bench.prefetch_all),
     ]
     if streaming is not None:
         steps += [("streaming", streaming), ("roxxel", bench.opened_epoch)]
@@ -283,7 +308,10 @@ def _round(bench: Bench, boto: Any, keys: list[str], streaming: Callable | None,
     result: dict[str, Any] = {}
     for name, call in steps[k:] + steps[:k]:
         gc.collect()  # the caches, loaders and mappings of the last measurement go first
+        cpu, server_cpu = time.process_time(), _cpu_s(server)
         value = call()
+        result[f"{name}_cpu"] = time.process_time() - cpu
+        result[f"{name}_server_cpu"] = _cpu_s(server) - server_cpu
         if isinstance(value, dict):
             result.update({f"{name}_{key}": v for key, v in value.items()})
         else:
@@ -331,7 +359,9 @@ def main() -> None:
                 streaming = _upload_mds(fs, root, tokens, bench, args.batch, port)
             boto = boto3.client("s3", endpoint_url=options["endpoint_url"])
             keys = [p.split("/", 1)[1] for p, _ in bench.paths]
-            rounds = [_round(bench, boto, keys, streaming, k) for k in range(args.repeats)]
+            rounds = [
+                _round(bench, boto, keys, streaming, k, server.pid) for k in range(args.repeats)
+            ]
     finally:
         server.terminate()
         server.wait()
@@ -339,6 +369,20 @@ def main() -> None:
     print(
         "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in report.items()) + "\n}"
     )
+
+
+def _bound(rounds: list[dict[str, float]]) -> tuple[float, list[float]]:
+    """A global shuffle's first batches read nearly every shard, so its epoch takes at least
+    the download of them all, then the batches: bulk / (prefetch + warm epoch)."""
+    each = [r["bulk_s"] / (r["prefetch_s"] + r["prefetch_warm_epoch_s"]) for r in rounds]
+    return round(statistics.median(each), 2), [round(x, 2) for x in each]
+
+
+def _cpu_row(rounds: list[dict[str, float]], name: str, walls: tuple[str, ...]) -> str:
+    client, server = _median(rounds, f"{name}_cpu"), _median(rounds, f"{name}_server_cpu")
+    seconds = statistics.median(sum(r[w] for w in walls) for r in rounds)
+    busy = (client + server) / (2 * seconds)
+    return f"{client:.2f} + {server:.2f} CPU s in {seconds:.2f} s: {100 * busy:.0f}% busy"
 
 
 def _report(args: Any, bench: Bench, rounds: list[dict], streaming_error: str | None, load: str):
@@ -360,9 +404,26 @@ def _report(args: Any, bench: Bench, rounds: list[dict], streaming_error: str | 
             rounds, "first_first_s", "first_fetch_s"
         ),
         "epoch_shuffled / bulk (>= 0.8)": _ratios(rounds, "bulk_s", "shuffled_s"),
+        "epoch_grouped (shuffle_group_shards=4) / bulk (>= 0.8)": _ratios(
+            rounds, "bulk_s", "grouped_s"
+        ),
         "epoch_in_order / bulk (>= 0.8)": _ratios(rounds, "bulk_s", "in_order_s"),
         "epoch_shuffled / boto3 bulk": _ratios(rounds, "boto_s", "shuffled_s"),
         "prefetch of every shard, no Loader / bulk": _ratios(rounds, "bulk_s", "prefetch_s"),
+        "shuffled epoch of the filled cache, no fetch (s)": round(
+            _median(rounds, "prefetch_warm_epoch_s"), 3
+        ),
+        "bound for a global shuffle: bulk / (prefetch + that epoch)": _bound(rounds),
+        "CPU s (this process + server) in wall s (prefetch: and the warm epoch)": {
+            name: _cpu_row(rounds, name, wall)
+            for name, wall in (
+                ("bulk_s", ("bulk_s",)),
+                ("prefetch", ("prefetch_s", "prefetch_warm_epoch_s")),
+                ("shuffled_s", ("shuffled_s",)),
+                ("grouped_s", ("grouped_s",)),
+                ("in_order_s", ("in_order_s",)),
+            )
+        },
     }
     if streaming_error is not None:
         report["streaming"] = f"not measured: {streaming_error}"

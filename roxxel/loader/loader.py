@@ -382,14 +382,14 @@ class Loader:
         if self._prefetcher is None:
             assembler = self._assembler
             apart = self._sharding is not None and places_apart(self._sharding)
-            ahead = max(self.config.prefetch, self.config.host_threads or 1)
+            threads = self.config.host_threads or 1  # each host thread has a batch in hand
             self._prefetcher = Prefetcher(
                 functools.partial(assembler.produce, place=not apart),
                 self._step,
-                ahead,  # with host threads: a batch in the works for each
+                max(self.config.prefetch, threads),
                 self._timings,
                 finish=assembler.place if apart else None,
-                handoff=max(1, ahead - 1),
+                handoff=max(1, threads - 1),
             )
         try:
             entry = self._prefetcher.get()
@@ -505,9 +505,9 @@ class _Assembler:
         ).acquire()
         self._add_extras(pick, rows, host)
         self._lap("gather", began)
-        return functools.partial(self._read, step, rows, pick, host)
+        return functools.partial(self._read, step, pick, host)
 
-    def _read(self, step: int, rows: np.ndarray, pick: Pick, host: Batch) -> Batch:
+    def _read(self, step: int, pick: Pick, host: Batch) -> Batch:
         began = time.perf_counter()
         faults = _major_faults()
         self._picker.fill(pick, host)

@@ -206,6 +206,7 @@ class SinglePicker:
         self.seed, self.shuffle = keys
         self.num_items = len(source)
         self._names = tuple(source.layout)
+        self._layouts: dict[tuple[Any, ...], RowSpec] = {}
         self._blocks = _Blocks(self._records, max(1, _BLOCK_ROWS // max(1, batch_size)))
         self._num_steps_max = order.MAX_POSITION // batch_size  # steps whose positions fit
 
@@ -258,7 +259,12 @@ class SinglePicker:
         self.source.advise(pick.records)
 
     def row_spec_at(self, step: int, extras: Extras) -> RowSpec:
-        return _source_row_spec(self.source, extras, "loader")
+        """The batch layout (the same at every step), cached."""
+        key = tuple(extras.items())
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._layouts[key] = _source_row_spec(self.source, extras, "loader")
+        return layout
 
     def shape_steps(self, start: int) -> list[int]:
         """The steps from `start` on where the batch shape may change: only `start`."""

@@ -236,6 +236,22 @@ def test_records_advise_starts_fetching_the_shards_it_names(local, tmp_path):
     assert set(_published(dataset)) == names
 
 
+def test_issue15_advise_queues_a_batchs_shards_in_the_order_its_read_takes_them(local, tmp_path):
+    # the read maps shards in ascending order: fetched in that order, the first shards can be
+    # mapped and read while the last ones still download
+    dataset = _open(f"file://{local}", tmp_path)
+    records = roxxel.Records(dataset, fields=["label"])
+    windows = roxxel.TokenWindows(dataset, "tokens", 8)
+    asked: list[list[int]] = []
+    dataset.prefetch = lambda ids: asked.append(list(ids))  # type: ignore[method-assign]
+    last = NUM_RECORDS - 1
+    records.advise(np.array([last, 0, last - 1, 40, 1]))
+    windows.advise(np.array([len(windows) - 1, 2, len(windows) // 2]))
+    assert len(asked) == 2
+    for ids in asked:
+        assert ids == sorted(set(ids)) and len(ids) > 1
+
+
 def test_cache_limit_evicts_least_recently_used_shards_no_mapping_holds(local, tmp_path):
     probe = roxxel.open_dataset(local)
     largest = max(s.num_bytes for s in probe.manifest.shards)

@@ -130,7 +130,7 @@ class Records:
         if not len(indices):
             return
         shard_ids, local = self.dataset.locate(np.asarray(indices, dtype=np.int64))
-        self.dataset.prefetch(shard_ids.tolist())
+        self.dataset.prefetch(np.unique(shard_ids).tolist())  # in the order reads take them
         for field in [f for f in self.fields if not f.is_variable]:
             unit = field.unit_bytes
             for shard, lo, hi in merge_ranges(shard_ids, local * unit, (local + 1) * unit):

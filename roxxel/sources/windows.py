@@ -300,7 +300,7 @@ class TokenWindows(_Stream):
             stops = np.concatenate([local[: inside.sum()] + self.width, extra[:, 2]])
         else:
             stops = local + self.width
-        self.dataset.prefetch(shards.tolist())  # a dataset at a URL: fetch ahead
+        self.dataset.prefetch(np.unique(shards).tolist())  # at a URL: fetch ahead, in order
         for shard, lo, hi in merge_ranges(shards, local * itemsize, stops * itemsize):
             if (mapped := self.dataset.shard_if_ready(shard)) is not None:
                 mapped.advise(self.field, lo, hi)

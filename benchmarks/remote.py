@@ -7,7 +7,9 @@ so a change of load hits all of them alike):
 
 - time to the first shuffled batch from a cold cache / time to fetch only the shards that batch
   reads, as raw GETs, 8 in parallel (the issue's limit: at most 1.5); also / the same shards
-  through roxxel's cache (download + verify + fsync + rename), to show the Loader's own share;
+  through roxxel's cache (download + verify + rename), to show the Loader's own share, and the
+  least a verified file cache pays: the same GETs written to files, hashed and renamed in bare
+  code, / the raw GETs;
 - an epoch through the Loader with the cache warming up (shuffled, shuffled within groups of
   4 shards, and in order) / the
   server's bulk rate: every shard as one whole-object GET, 8 in parallel, into memory (at least
@@ -126,6 +128,27 @@ def _gets(fs: Any, paths: list[tuple[str, int]]) -> float:
         return _timed(lambda: list(pool.map(lambda p: fs.cat_file(p[0], start=0, end=p[1]), paths)))
 
 
+def _verified_gets(fs: Any, paths: list[tuple[str, int]], folder: Path) -> float:
+    """`_gets`, each object also written to a file of ``folder``, checked (every record's
+    hash, as the cache does) and renamed: what any verified file cache pays at the least."""
+    from roxxel.format.reader import Shard
+
+    folder.mkdir(parents=True)
+
+    def get(path: str, size: int) -> None:
+        name = path.rsplit("/", 1)[1]
+        temp = folder / f".{name}"
+        temp.write_bytes(fs.cat_file(path, start=0, end=size))
+        shard = Shard(temp)
+        if shard.verify():
+            raise RuntimeError(f"{path}: does not verify")
+        shard.close()
+        os.replace(temp, folder / name)
+
+    with ThreadPoolExecutor(GETS_IN_PARALLEL) as pool:
+        return _timed(lambda: list(pool.map(lambda p: get(*p), paths)))
+
+
 def _boto_gets(client: Any, keys: list[str]) -> float:
     """The same with boto3's ``get_object`` (the client MosaicML Streaming uses)."""
 
@@ -164,12 +187,19 @@ class Bench:
         store.close()  # its queued read-ahead would compete with the next measurement
         shard_ids = np.unique(dataset.locate(np.asarray(records))[0]).tolist()
         raw = _gets(self.fs, [self.paths[k] for k in shard_ids])
+        verified = _verified_gets(self.fs, [self.paths[k] for k in shard_ids], self.cache_dir())
         alone, alone_store = _open(self.url, self.cache_dir(), self.options)
         entries = [alone.manifest.shards[k] for k in shard_ids]
         with ThreadPoolExecutor(GETS_IN_PARALLEL) as pool:
             fetched = _timed(lambda: list(pool.map(alone_store.fetch, entries)))
         alone_store.close()
-        return {"first_s": first, "raw_s": raw, "fetch_s": fetched, "shards": len(shard_ids)}
+        return {
+            "first_s": first,
+            "raw_s": raw,
+            "verified_s": verified,
+            "fetch_s": fetched,
+            "shards": len(shard_ids),
+        }
 
     def epoch(self, shuffle: bool, group_shards: int | None = None) -> float:
         """Seconds for an epoch through the Loader, the cache warming up (shuffled within
@@ -402,6 +432,9 @@ def _report(args: Any, bench: Bench, rounds: list[dict], streaming_error: str | 
         ),
         "first_batch / roxxel fetch of its shards": _ratios(
             rounds, "first_first_s", "first_fetch_s"
+        ),
+        "bare verified download of those shards (GET, write, hash, rename) / raw GETs": _ratios(
+            rounds, "first_verified_s", "first_raw_s"
         ),
         "epoch_shuffled / bulk (>= 0.8)": _ratios(rounds, "bulk_s", "shuffled_s"),
         "epoch_grouped (shuffle_group_shards=4) / bulk (>= 0.8)": _ratios(

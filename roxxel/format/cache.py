@@ -85,6 +85,8 @@ def num_queued() -> int:
 
 
 def _caches() -> list[ShardCache]:
+    if not _OPEN:  # no dataset at a URL in this process: asked once a batch, answered at once
+        return []
     with _COUNTS_LOCK:
         return list(_OPEN)
 

@@ -130,7 +130,7 @@ class Column:
         """Stack fixed-shape records ``indices`` into ``out`` (or a new array)."""
         if not self.compressed:
             # Indices are range-checked by the caller; mode="raise" would buffer ``out``.
-            return np.take(self.flat, indices, axis=0, out=out, mode="wrap")
+            return self.flat.take(indices, axis=0, out=out, mode="wrap")
         dest = (
             np.empty((len(indices), *self.field.fixed_shape), self.field.dtype)
             if out is None

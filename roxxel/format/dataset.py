@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import errno
 import hashlib
+import itertools
 import os
 import stat
 import threading
@@ -176,7 +177,9 @@ class Dataset(RecordSource):
         else:
             order = np.argsort(shard_ids, kind="stable")
             cuts = np.flatnonzero(np.diff(shard_ids[order])) + 1
-            for rows in np.split(order, cuts) if order.size else []:
+            edges = [0, *cuts.tolist(), order.size] if order.size else []
+            for a, b in itertools.pairwise(edges):  # one group per shard, in shard order
+                rows = order[a:b]
                 k = int(shard_ids[rows[0]])
                 groups.append((self._columns(k, local[rows]), rows, local[rows]))
         fields_read = self.schema.select(fields)

@@ -150,9 +150,12 @@ def normalize_indices(indices: Any, size: int, where: object) -> np.ndarray:
     if idx.dtype.kind == "u" and idx.size and int(idx.max()) >= size:  # before int64 wraps it
         raise IndexError(f"{where}: index out of range for {size} records")
     idx = idx.astype(np.int64, copy=False).reshape(-1)
-    if idx.size and (int(idx.min()) < -size or int(idx.max()) >= size):
+    if not idx.size:
+        return idx
+    low = int(idx.min())
+    if low < -size or int(idx.max()) >= size:
         raise IndexError(f"{where}: index out of range for {size} records")
-    return np.where(idx < 0, idx + size, idx)
+    return idx if low >= 0 else np.where(idx < 0, idx + size, idx)
 
 
 def allocate(fields: Sequence[Field], batch_size: int, max_len: Mapping[str, int]) -> Batch:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import json
 import threading
+import time
 import traceback
 
 import jax
@@ -478,7 +479,7 @@ def test_buffer_pool_takes_a_buffer_back_only_when_every_view_is_gone():
 
 
 def test_prefetcher_yields_steps_in_order_then_none():
-    prefetcher = Prefetcher(lambda step: step * 10 if step < 4 else None, start=1, depth=2)
+    prefetcher = Prefetcher(lambda step: (lambda: step * 10) if step < 4 else None, 1, depth=2)
     got = [prefetcher.get() for _ in range(4)]
     assert got == [(1, 10), (2, 20), (3, 30), None]
     prefetcher.close()
@@ -486,13 +487,57 @@ def test_prefetcher_yields_steps_in_order_then_none():
 
 
 def test_prefetcher_raises_the_original_exception_and_joins():
-    def produce(step):
+    def begin(step):
         if step == 2:
             raise KeyError("missing")
-        return step
+        return lambda: step
 
-    prefetcher = Prefetcher(produce, start=0, depth=1)
+    prefetcher = Prefetcher(begin, start=0, depth=1)
     assert prefetcher.get() == (0, 0) and prefetcher.get() == (1, 1)
+    with pytest.raises(KeyError, match="missing"):
+        prefetcher.get()
+    assert not prefetcher.alive
+    assert prefetcher.get() is None
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_prefetcher_threads_hand_over_in_step_order_and_begin_in_step_order(threads):
+    begun = []
+
+    def begin(step):
+        begun.append(step)
+        if step == 11:
+            return None
+
+        def job():
+            time.sleep(0.002 * (step % 3))  # later steps finish first, now and then
+            return step * 10
+
+        return job
+
+    prefetcher = Prefetcher(begin, start=1, depth=2, threads=threads)
+    got = [prefetcher.get() for _ in range(11)]
+    assert got == [(s, s * 10) for s in range(1, 11)] + [None]
+    assert begun == list(range(1, 12))  # once each, in order, never past the end
+    prefetcher.close()
+    assert not prefetcher.alive
+
+
+@pytest.mark.parametrize("where", ["begin", "job"])
+def test_prefetcher_threads_raise_at_the_failing_step_and_join(where):
+    def begin(step):
+        if where == "begin" and step == 4:
+            raise KeyError("missing")
+
+        def job():
+            if where == "job" and step == 4:
+                raise KeyError("missing")
+            return step
+
+        return job
+
+    prefetcher = Prefetcher(begin, start=0, depth=1, threads=3)
+    assert [prefetcher.get() for _ in range(4)] == [(s, s) for s in range(4)]
     with pytest.raises(KeyError, match="missing"):
         prefetcher.get()
     assert not prefetcher.alive

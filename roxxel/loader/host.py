@@ -6,16 +6,15 @@ Two pieces, both independent of files, order and devices:
   only once nothing references the batch built in it any more: not the consumer, not a
   transform, and not JAX (on CPU `jax.device_put` aliases aligned numpy memory and keeps a
   reference to the numpy object it aliases until its device buffer is freed).
-- `Prefetcher` runs ``produce(step)`` for consecutive steps in one background thread, into a
-  bounded queue; ``get`` re-raises the thread's exception, with its traceback, in the
-  consumer, and ``close`` joins the thread.
+- `Prefetcher` makes the items of consecutive steps in one or more background threads, into
+  bounded queues, handed over in step order; ``get`` re-raises a thread's exception, with
+  its traceback, in the consumer, and ``close`` joins the threads.
 - `Timings` adds up where each batch's time goes (`LoaderStats` is its summary).
 """
 
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import dataclasses
 import math
 import queue
@@ -175,11 +174,6 @@ def _offsets(layout: RowSpec, num_rows: int) -> tuple[list[int], int]:
     return offsets, max(position, ALIGN)
 
 
-def _result(item: object) -> object:
-    """The item, or the result of the future it is (raising what the work raised)."""
-    return item.result() if isinstance(item, concurrent.futures.Future) else item
-
-
 class _Failure:
     __slots__ = ("error",)
 
@@ -191,19 +185,21 @@ _END = object()
 
 
 class Prefetcher:
-    """Calls ``produce(step)`` for step = start, start + 1, ... in a background thread.
+    """Makes the items of step = start, start + 1, ... ahead of the consumer, in background
+    threads.
 
-    ``produce`` returns the item for a step, or None when the stream has ended. At most
-    ``depth`` items wait in the queue. ``get`` returns ``(step, item)``, None at the end, and
-    raises the exception ``produce`` raised (the original object, with its traceback).
+    ``begin(step)`` returns None when the stream has ended, else the step's job: a callable
+    that makes its item. ``begin`` runs in step order, one call at a time; the jobs run in
+    ``threads`` producer threads, thread i taking steps start + i, start + i + threads, ...,
+    so up to ``threads`` jobs run at once, each handing its item straight to the consumer
+    (the loader's host threads: no thread in between). About ``depth`` items wait in all.
+    ``get`` returns ``(step, item)`` in step order, None at the end, and raises the
+    exception ``begin`` or a job raised (the original object, with its traceback), at the
+    step it was raised for.
 
-    With ``finish``, a second thread turns each item into ``finish(step, item)`` while the
-    first produces the next one (the loader's gather and its host-to-device copies overlap);
-    up to ``handoff`` items wait between the two. The order and the errors are as with one
-    thread.
-
-    An item may be a `concurrent.futures.Future` (work ``produce`` handed to other threads):
-    ``finish``, or else ``get``, waits for its result, in step order.
+    With ``finish``, one more thread turns each item into ``finish(step, item)``, in step
+    order, while the producers make the next ones (the loader's gather and its host-to-device
+    copies overlap); up to ``handoff`` items wait between them.
 
     Thread-safety: one consumer thread. ``close`` is idempotent and joins the threads; they
     hold no reference to whoever owns the Prefetcher, so owners can close it from
@@ -212,28 +208,38 @@ class Prefetcher:
 
     def __init__(
         self,
-        produce: Callable[[int], object | None],
+        begin: Callable[[int], Callable[[], object] | None],
         start: int,
         depth: int,
         timings: Timings | None = None,
         finish: Callable[[int, Any], object] | None = None,
         handoff: int = 1,
+        threads: int = 1,
     ) -> None:
-        if depth < 1 or handoff < 1:
+        if depth < 1 or handoff < 1 or threads < 1:
             raise ConfigError(
-                f"pipeline.Prefetcher: depth {depth}, handoff {handoff} (expected >= 1, >= 1)"
+                f"pipeline.Prefetcher: depth {depth}, handoff {handoff}, threads {threads}"
+                " (expected >= 1 each)"
             )
-        self._produce = produce
+        self._begin = begin
         self._timings = timings if timings is not None else Timings()
-        self._queue: queue.Queue[object] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._done = False
-        self._threads = [
-            threading.Thread(target=self._run, args=(start,), name="roxxel-loader", daemon=True)
+        self._turn = threading.Condition()
+        self._next_begin, self._over = start, False  # guarded by _turn
+        # producer i's items, in its steps' order: the consumer (or finish) takes them in turn
+        waiting = depth if finish is None else handoff
+        self._stripes = [queue.Queue(maxsize=-(-waiting // threads)) for _ in range(threads)]
+        self._taken = 0  # items taken from the stripes (by get, or by the finishing thread)
+        self._queue: queue.Queue[object] | None = None  # finish's output
+        names = ["roxxel-loader"] if threads == 1 else [f"roxxel-host-{i}" for i in range(threads)]
+        self._producers = [
+            threading.Thread(target=self._run, args=(start + i, i), name=name, daemon=True)
+            for i, name in enumerate(names)
         ]
-        self._handoff: queue.Queue[object] | None = None
+        self._threads = list(self._producers)
         if finish is not None:
-            self._handoff = queue.Queue(maxsize=handoff)
+            self._queue = queue.Queue(maxsize=depth)
             self._threads.append(
                 threading.Thread(
                     target=self._finish, args=(finish,), name="roxxel-placer", daemon=True
@@ -252,36 +258,47 @@ class Prefetcher:
             self._timings.num_taken += 1
 
     def _get(self) -> tuple[int, object] | None:
-        while not self._done:
+        if self._done:
+            return None
+        entry = self._take() if self._queue is None else self._take_finished()
+        if entry is _END:
+            self._done = True
+            return None
+        if isinstance(entry, _Failure):
+            self.close()
+            raise entry.error
+        return cast(tuple[int, object], entry)
+
+    def _take(self) -> object:
+        """The next entry from the producers, in step order; _END once they are gone."""
+        stripe = self._stripes[self._taken % len(self._stripes)]
+        while True:
             try:
-                entry = self._queue.get(timeout=0.1)
+                entry = stripe.get(timeout=0.1)
             except queue.Empty:
-                if not self._threads[-1].is_alive() and self._queue.empty():
-                    self._done = True  # the thread always enqueues its end; belt and braces
+                producer = self._producers[self._taken % len(self._producers)]
+                if self._stop.is_set() or (not producer.is_alive() and stripe.empty()):
+                    return _END  # a producer always enqueues its end; belt and braces
                 continue
-            if entry is _END:
-                self._done = True
-            elif isinstance(entry, _Failure):
-                self.close()
-                raise entry.error
-            else:
-                step, item = cast(tuple[int, object], entry)
-                del entry
-                try:
-                    return step, _result(item)
-                except concurrent.futures.CancelledError:  # closed from another thread
-                    self._done = True
-                except BaseException:
-                    self.close()
-                    raise
-        return None
+            self._taken += 1
+            return entry
+
+    def _take_finished(self) -> object:
+        out = cast(queue.Queue, self._queue)
+        while True:
+            try:
+                return out.get(timeout=0.1)
+            except queue.Empty:
+                if self._stop.is_set() or (not self._threads[-1].is_alive() and out.empty()):
+                    return _END
+                continue
 
     def close(self) -> None:
         """Stop producing, drop what is queued, join the threads."""
         self._done = True
         self._stop.set()
         if threading.current_thread() in self._threads:
-            return  # closed from inside produce (a transform dropped its owner): it exits now
+            return  # closed from inside a job (a transform dropped its owner): it exits now
         for thread in self._threads:
             while thread.is_alive():
                 self._drain()
@@ -293,50 +310,73 @@ class Prefetcher:
         return any(thread.is_alive() for thread in self._threads)
 
     def _drain(self) -> None:
-        for q in (self._handoff, self._queue):
+        for q in (*self._stripes, self._queue):
             try:
                 while q is not None:
                     q.get_nowait()
             except queue.Empty:
                 continue
 
-    def _run(self, step: int) -> None:
-        out = self._queue if self._handoff is None else self._handoff
+    def _run(self, step: int, index: int) -> None:
+        out, every = self._stripes[index], len(self._stripes)
         try:
             while not self._stop.is_set():
-                item = self._produce(step)
-                if item is None:
+                job = self._begin_in_turn(step)
+                if job is None:
                     break
+                item = job()
+                del job
                 began = time.perf_counter()
                 self._put(out, (step, item))
-                if self._handoff is None:
+                if self._queue is None:
                     self._counted(began)
                 del item
-                step += 1
+                step += every
             self._put(out, _END)
-        except BaseException as error:  # handed to the consumer, never dropped
+        except BaseException as error:  # handed to the consumer at its step, never dropped
+            with self._turn:
+                self._over = True  # the other producers stop at their next turn
+                self._turn.notify_all()
             self._put(out, _Failure(error))
 
-    def _finish(self, finish: Callable[[int, Any], object]) -> None:
-        handoff = cast(queue.Queue, self._handoff)
-        while not self._stop.is_set():
+    def _begin_in_turn(self, step: int) -> Callable[[], object] | None:
+        """``begin(step)`` once ``begin(step - 1)`` returned; None at the end or on stop."""
+        with self._turn:
+            while self._next_begin != step and not self._over:
+                if self._stop.is_set():
+                    return None
+                self._turn.wait(0.1)
+            if self._over:
+                return None
             try:
-                entry = handoff.get(timeout=0.1)
-            except queue.Empty:
-                continue
+                job = self._begin(step)
+            except BaseException:
+                self._over = True
+                raise
+            finally:
+                self._next_begin = step + 1
+                self._turn.notify_all()
+            if job is None:
+                self._over = True
+            return job
+
+    def _finish(self, finish: Callable[[int, Any], object]) -> None:
+        out = cast(queue.Queue, self._queue)
+        while not self._stop.is_set():
+            entry = self._take()
             if entry is _END or isinstance(entry, _Failure):
-                self._put(self._queue, entry)
+                self._put(out, entry)
                 return
             step, item = cast(tuple[int, object], entry)
             del entry
             try:
-                done = finish(step, _result(item))
+                done = finish(step, item)
             except BaseException as error:  # handed to the consumer, never dropped
-                self._put(self._queue, _Failure(error))
+                self._put(out, _Failure(error))
                 return
             del item
             began = time.perf_counter()
-            self._put(self._queue, (step, done))
+            self._put(out, (step, done))
             self._counted(began)
             del done
 

@@ -11,15 +11,12 @@ the next ``prefetch`` batches into reusable host buffers and places them.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import functools
 import resource
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sized
-from concurrent.futures import Future
 from typing import Any, Literal
 
 import jax
@@ -382,14 +379,13 @@ class Loader:
         if self._prefetcher is None:
             assembler = self._assembler
             apart = self._sharding is not None and places_apart(self._sharding)
-            threads = self.config.host_threads or 1  # each host thread has a batch in hand
             self._prefetcher = Prefetcher(
                 functools.partial(assembler.produce, place=not apart),
                 self._step,
-                max(self.config.prefetch, threads),
+                self.config.prefetch,
                 self._timings,
                 finish=assembler.place if apart else None,
-                handoff=max(1, threads - 1),
+                threads=self.config.host_threads or 1,
             )
         try:
             entry = self._prefetcher.get()
@@ -407,7 +403,6 @@ class Loader:
         prefetcher, self._prefetcher = self._prefetcher, None
         if prefetcher is not None:
             prefetcher.close()
-            self._assembler.stop_helpers()
 
 
 class _Assembler:
@@ -423,25 +418,12 @@ class _Assembler:
         self._plans: dict[tuple[Any, ...], dict[str, device.RowPlacement]] = {}
         self._device_fn = jax.jit(config.device_transform) if config.device_transform else None
         self.timings = Timings()
-        threads = config.host_threads
-        self._workers_wanted = threads if threads is not None and threads > 1 else None
-        self._workers: concurrent.futures.ThreadPoolExecutor | None = None
         self._registrar: Registrar | None = None
         if sharding is not None and config.pin_host:
             self._registrar = registrar_for(_devices_of(sharding))
 
-    def stop_helpers(self) -> None:
-        """Join the host threads, dropping batches not started (a later batch starts new
-        ones); from a host thread itself (garbage collection there dropped the loader), stop
-        them without joining: they exit once idle."""
-        workers, self._workers = self._workers, None
-        if workers is not None:
-            here = threading.current_thread().name.startswith(_HOST_THREAD)
-            workers.shutdown(wait=not here, cancel_futures=True)
-
     def close(self) -> None:
-        """Join the helper threads; drop (unpin) the free host buffers."""
-        self.stop_helpers()
+        """Drop (unpin) the free host buffers."""
         for pool in self._pools.values():
             pool.close()
 
@@ -467,21 +449,12 @@ class _Assembler:
             return host
         return self.place(step, host)
 
-    def produce(self, step: int, place: bool) -> Batch | Future[Batch] | None:
-        """The pipeline thread's work for `step`: its rows picked here, in step order; the
-        batch read, transformed (and placed, if `place`) here, or with `host_threads` on the
-        host threads (a Future). None at the end."""
+    def produce(self, step: int, place: bool) -> Callable[[], Batch] | None:
+        """`step`'s job (see `begin`), placing the batch too if `place`; None at the end."""
         job = self.begin(step)
-        if job is None:
-            return None
-        work = job if not place or self._sharding is None else lambda: self.place(step, job())
-        if self._workers_wanted is None:
-            return work()
-        if self._workers is None:
-            self._workers = concurrent.futures.ThreadPoolExecutor(
-                self._workers_wanted, thread_name_prefix=_HOST_THREAD
-            )
-        return self._workers.submit(work)
+        if job is None or not place or self._sharding is None:
+            return job
+        return lambda: self.place(step, job())
 
     def gather(self, step: int) -> Batch | None:
         """The host batch of `step` (this process's rows, host-transformed); None at the end."""
@@ -602,7 +575,6 @@ def places_apart(sharding: Any) -> bool:
     return any(d.platform != "cpu" for d in _devices_of(sharding))
 
 
-_HOST_THREAD = "roxxel-host"  # the name prefix of the threads of LoaderConfig.host_threads
 _COLD_STEPS = 8  # read ahead this many times `readahead` steps after the last major fault
 # fetching for a dataset at a URL: up to this many times `readahead` steps ahead, at most
 # _FETCH_BURST steps further per batch, while fewer than _FETCH_QUEUED downloads wait

@@ -73,13 +73,14 @@ class LoaderConfig:
             the pipeline thread (or a host thread, below); ``rng`` is
             `host_rng(seed, step)`. With a sharding it sees this process's rows only.
         host_threads: None or 1 reads and transforms each batch in the pipeline thread.
-            N >= 2 hands whole batches to N threads (``roxxel-host-*``) that read and
-            transform several steps at once (numpy releases the GIL), while the pipeline
-            thread picks the rows of each step in order: the batches, their order and
-            their errors are those of one thread, since each step's ``rng`` depends on
-            the step alone. Up to ``max(prefetch, N)`` batches are in the works at once,
-            each in its own host buffer; the transform must allow calls from several
-            threads at once.
+            N >= 2 runs N pipeline threads (``roxxel-host-*``) that take the steps in
+            turn (with 2, one the even steps and one the odd): each picks its step's rows
+            (one thread at a time, in step order), then reads and transforms them while
+            the others do theirs (numpy releases the GIL), and hands the batch straight
+            to the consumer. The batches, their order and their errors are those of one
+            thread, since each step's ``rng`` depends on the step alone. Each thread holds
+            one batch in the works and up to ``ceil(prefetch / N)`` done, each in its own
+            host buffer; the transform must allow calls from several threads at once.
         pin_host: stage batches bound for CUDA devices in page-locked host buffers (the
             gather writes into them; the copy to the device runs at the link's full rate);
             no effect on CPU, or where the CUDA runtime does not load. On an H100 it made

@@ -254,8 +254,7 @@ class Prefetcher:
         try:
             return self._get()
         finally:
-            self._timings.add("wait_producer", time.perf_counter() - began)
-            self._timings.num_taken += 1
+            self._timings.taken(time.perf_counter() - began)
 
     def _get(self) -> tuple[int, object] | None:
         if self._done:
@@ -381,8 +380,7 @@ class Prefetcher:
             del done
 
     def _counted(self, began: float) -> None:
-        self._timings.add("wait_consumer", time.perf_counter() - began)
-        self._timings.num_batches += 1
+        self._timings.made(time.perf_counter() - began)
 
     def _put(self, out: queue.Queue[object], entry: object) -> None:
         while not self._stop.is_set():
@@ -442,6 +440,19 @@ class Timings:
     def add(self, what: Spent, seconds: float) -> None:
         with self._lock:
             self.totals[what] += seconds
+
+    def made(self, waited: float) -> None:
+        """A batch produced, after ``waited`` seconds for room in the queue (several
+        producer threads count at once)."""
+        with self._lock:
+            self.totals["wait_consumer"] += waited
+            self.num_batches += 1
+
+    def taken(self, waited: float) -> None:
+        """A batch taken by the consumer, after ``waited`` seconds for it."""
+        with self._lock:
+            self.totals["wait_producer"] += waited
+            self.num_taken += 1
 
     def stats(self) -> LoaderStats:
         made, taken = max(self.num_batches, 1), max(self.num_taken, 1)

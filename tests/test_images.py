@@ -224,3 +224,32 @@ def test_issue14_speed_rgb_images_are_fit_without_a_converted_copy(monkeypatch):
     assert converted == []
     monkeypatch.undo()
     np.testing.assert_array_equal(got, _reference(data, 16, 24).transpose(2, 0, 1))
+
+
+def test_issue14_keep_encoded_with_image_size_is_a_usage_error(folder, tmp_path, capsys):
+    assert _pack(folder, "-o", tmp_path / "ds", "--keep-encoded", "--image-size", "8x8") == 2
+    assert "--keep-encoded" in capsys.readouterr().err
+
+
+def test_issue14_keep_encoded_metadata_and_info_name_no_size_or_fit(folder, tmp_path, capsys):
+    out = tmp_path / "ds"
+    assert _pack(folder, "-o", out, "--keep-encoded", "--skip-bad") == 0
+    meta = roxxel.open_dataset(out).metadata["images"]
+    assert (meta["keep_encoded"], meta["size"], meta["fit"], meta["channels_last"]) == (
+        True,
+        None,
+        None,
+        None,
+    )
+    capsys.readouterr()
+    assert main(["info", str(out)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("images:"))
+    assert "kept encoded" in line and "crop" not in line
+
+
+def test_issue14_a_bad_image_in_a_bytes_column_is_named_without_a_memory_address(tmp_path, capsys):
+    src = tmp_path / "imgs.parquet"
+    pq.write_table(pa.table({"image": [_encoded("a.jpg", 0), b"garbage"]}), src)
+    assert _pack(src, "-o", tmp_path / "ds", "--image-size", "8x8") == 1
+    err = capsys.readouterr().err.strip()
+    assert f"{src}: row 1" in err and "0x" not in err and "BytesIO" not in err

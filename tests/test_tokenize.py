@@ -363,3 +363,44 @@ def test_issue14_speed_token_ids_over_the_dtype_in_mid_batch_name_their_record(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert f"{src}:300:" in err and "uint8" in err
+
+
+def test_issue14_peek_finds_a_tokenizer_given_relative_to_where_the_pack_ran(
+    toks, tmp_path, monkeypatch, capsys
+):
+    """The docs write `--tokenizer tok/tokenizer.json`: the manifest keeps that path as typed,
+    and `roxxel peek`, run from the same folder, decodes with it."""
+    texts = _texts(10)
+    (tmp_path / "tok").mkdir()
+    shutil.copy(toks["hf"], tmp_path / "tok" / "tokenizer.json")
+    _jsonl(tmp_path / "c.jsonl", texts)
+    monkeypatch.chdir(tmp_path)
+    assert _pack("c.jsonl", "-o", "out/ds", "--tokenizer", "tok/tokenizer.json") == 0
+    capsys.readouterr()
+    argv = ["peek", "out/ds", "--step", "0", "--batch-size", "2", "--no-shuffle", "--json"]
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line]
+    tok = tokenizers.Tokenizer.from_file("tok/tokenizer.json")
+    assert [row["text"] for row in rows] == [tok.decode(tok.encode(t).ids) for t in texts[:2]]
+
+
+def test_issue14_keep_field_missing_from_field_flags_is_a_usage_error(toks, tmp_path, capsys):
+    src = _jsonl(tmp_path / "c.jsonl", _texts(5))
+    argv = [src, "-o", tmp_path / "ds", "--tokenizer", toks["hf"], "--field", "tokens:int32[]"]
+    assert _pack(*argv, "--keep-field", "url") == 2
+    assert "--keep-field url" in capsys.readouterr().err
+    assert not (tmp_path / "ds").exists()
+    assert _pack(*argv, "--field", "url:str", "--keep-field", "url") == 0
+    ds = roxxel.open_dataset(tmp_path / "ds")
+    assert ds[3]["url"] == "https://x/3"
+
+
+def test_issue14_eos_id_alone_ends_each_text_with_it(toks, tmp_path):
+    texts = _texts(6)
+    src, out = _jsonl(tmp_path / "c.jsonl", texts), tmp_path / "ds"
+    assert _pack(src, "-o", out, "--tokenizer", toks["hf"], "--eos-id", 7) == 0
+    tok = tokenizers.Tokenizer.from_file(str(toks["hf"]))
+    ds = roxxel.open_dataset(out)
+    for i, text in enumerate(texts):
+        assert ds[i]["tokens"].tolist() == [*tok.encode(text, add_special_tokens=False).ids, 7]
+    assert ds.metadata["tokenizer"]["eos_id"] == 7

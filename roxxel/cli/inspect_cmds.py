@@ -126,7 +126,8 @@ def _print_made(metadata: dict[str, Any]) -> None:
     if isinstance(images, dict):
         labels = images.get("labels") or {}
         where = f", {len(labels)} labels in {images.get('label_field')!r}" if labels else ""
-        print(f"images: {images.get('field')!r} {images.get('spec')} ({images.get('fit')}{where})")
+        how = "kept encoded" if images.get("keep_encoded") else images.get("fit")
+        print(f"images: {images.get('field')!r} {images.get('spec')} ({how}{where})")
 
 
 def _verify_shard(path: str, k: int, cache_dir: str | None) -> list[Corruption]:

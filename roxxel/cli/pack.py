@@ -166,7 +166,9 @@ def _add_tokenize_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--text-field", default="text", metavar="NAME", help="text to tokenize (text)")
     g.add_argument("--append-eos", action="store_true", help="end each text with EOS")
     g.add_argument("--prepend-bos", action="store_true", help="start each text with BOS")
-    g.add_argument("--eos-id", type=int, metavar="N", help="EOS id instead of the tokenizer's")
+    g.add_argument(
+        "--eos-id", type=int, metavar="N", help="end each text with N (implies --append-eos)"
+    )
     g.add_argument(
         "--keep-field", action="append", default=[], metavar="NAME", help="also keep this field"
     )
@@ -217,6 +219,16 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError("--append-eos/--prepend-bos/--eos-id/--keep-field: expected --tokenizer")
     if (args.channels_last or args.image_pad) and not args.image_size:
         raise UsageError("--channels-last/--image-pad: expected --image-size HxW")
+    if args.keep_encoded and args.image_size:
+        raise UsageError("--keep-encoded and --image-size: keep the bytes or decode to pixels")
+    if args.field and args.keep_field:
+        named = parse_field_flags(args.field)
+        missing = [k for k in args.keep_field if k not in named]
+        if missing:
+            raise UsageError(
+                f"--keep-field {missing[0]}: not among --field (expected --field"
+                f" {missing[0]}:SPEC too, since --field gives the whole schema)"
+            )
     if args.storage_options is not None and not is_url(args.output):
         raise UsageError(f"--storage-options with -o {args.output}: expected -o URL")
 
@@ -284,7 +296,7 @@ def _tokenize(args: argparse.Namespace) -> dict[str, object] | None:
         sha256=sha256,
         dtype=given.removesuffix("[]") if given else token_dtype(highest + 1),
         text_field=args.text_field,
-        append_eos=args.append_eos,
+        append_eos=args.append_eos or args.eos_id is not None,
         prepend_bos=args.prepend_bos,
         eos_id=args.eos_id,
         keep_fields=tuple(args.keep_field),

@@ -140,8 +140,9 @@ def _tokenizer(datasets: list[Dataset]) -> Any:
     it exists unchanged and the optional ``tokenizers`` package is installed; else None.
 
     The name is either a path (relative to the dataset) or what ``roxxel pack --tokenizer``
-    records: ``{"kind": "hf", "path": ..., "sha256": ...}``; only an HF ``tokenizer.json``
-    decodes here, and only while its sha256 is still the one it packed with.
+    records: ``{"kind": "hf", "path": ..., "sha256": ...}``, its path as typed (relative to
+    where the pack ran, or else to the dataset); only an HF ``tokenizer.json`` decodes here,
+    and only while its sha256 is still the one it packed with.
     """
     files = set()
     for dataset in datasets:
@@ -149,10 +150,15 @@ def _tokenizer(datasets: list[Dataset]) -> Any:
         if isinstance(named, dict):
             if named.get("kind") != "hf" or not isinstance(named.get("path"), str):
                 return None
-            file = dataset.path / named["path"]  # an absolute path stays itself
-            if not file.is_file() or named.get("sha256") != file_sha256(str(file)):
+            # as typed at the pack (from where it ran, or absolute), else next to the dataset
+            found = [
+                file
+                for file in (Path(named["path"]), dataset.path / named["path"])
+                if file.is_file() and named.get("sha256") == file_sha256(str(file))
+            ]
+            if not found:
                 return None
-            files.add(file)
+            files.add(found[0].resolve())
         elif isinstance(named, str) and named:
             files.add(dataset.path / named)
     if len(files) != 1 or not (file := files.pop()).is_file():

@@ -42,6 +42,7 @@ __all__ = [
 EXTRA = "pip install 'roxxel[images]'"
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 MAX_SIDE = 1 << 14
+_IN_MEMORY = re.compile(r" ?<_io\.BytesIO object at 0x[0-9a-fA-F]+>")
 Located = tuple[Record, Piece, int]
 
 
@@ -139,12 +140,13 @@ class ImageConfig:
     def metadata(self) -> dict[str, Any]:
         """What the manifest records about how the images were made."""
         names = {os.path.basename(f): label for f, label in self.classes.items()}
+        pixels = not self.keep_encoded
         return {
             "field": self.field,
             "spec": self.spec,
-            "size": [self.height, self.width],
-            "fit": "pad" if self.pad else "crop",
-            "channels_last": self.channels_last,
+            "size": [self.height, self.width] if pixels else None,
+            "fit": ("pad" if self.pad else "crop") if pixels else None,
+            "channels_last": self.channels_last if pixels else None,
             "keep_encoded": self.keep_encoded,
             "labels": dict(sorted(names.items(), key=lambda kv: kv[1])),
             "label_field": self.label_field if self.classes else None,
@@ -211,7 +213,8 @@ def image_records(
             else:
                 value = decode_image(data, config)
         except (OSError, ValueError, SyntaxError) as e:  # PIL raises all three on bad data
-            message = f"{locate(piece, key)}: field {config.field!r}: not a decodable image ({e})"
+            why = _IN_MEMORY.sub("", str(e))  # PIL names a BytesIO by its address
+            message = f"{locate(piece, key)}: field {config.field!r}: not a decodable image ({why})"
             if not skip_bad:
                 raise ConfigError(message, path=piece.path) from None
             bad.add(message)

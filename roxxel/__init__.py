@@ -19,6 +19,7 @@ from roxxel.format.writer import ShardInfo, ShardWriter, write_shard
 from roxxel.version import __version__
 
 if TYPE_CHECKING:  # the lazy names below, for type checkers and editors only
+    from roxxel.cli.pack import pack
     from roxxel.loader.loader import Loader, LoaderConfig
     from roxxel.loader.placement import batch_sharding
     from roxxel.sampling.mixture import Cap, Mixture, Phase
@@ -37,6 +38,7 @@ _LAZY = {
     "Cap": "roxxel.sampling.mixture",
     "KeyedPermutation": "roxxel.sampling.order",
     "batch_sharding": "roxxel.loader.placement",
+    "pack": "roxxel.cli.pack",
 }
 # Packages, and the module names 0.1 had at the top level (kept as attributes, loaded on use).
 _SUBMODULES = {
@@ -80,6 +82,7 @@ __all__ = [  # Cap, KeyedPermutation, Loader, ... load on first use (see _LAZY)
     "batch_sharding",
     "open_dataset",
     "open_shard",
+    "pack",
     "write_manifest",
     "write_shard",
 ]

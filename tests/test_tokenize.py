@@ -404,3 +404,39 @@ def test_issue14_eos_id_alone_ends_each_text_with_it(toks, tmp_path):
     for i, text in enumerate(texts):
         assert ds[i]["tokens"].tolist() == [*tok.encode(text, add_special_tokens=False).ids, 7]
     assert ds.metadata["tokenizer"]["eos_id"] == 7
+
+
+def test_issue14_pack_from_python_equals_the_command(toks, tmp_path):
+    """`roxxel.pack` is the command from Python: same records, same manifest."""
+    src = _jsonl(tmp_path / "c.jsonl", _texts(30))
+    assert _pack(src, "-o", tmp_path / "cli", "--tokenizer", toks["hf"], "--append-eos") == 0
+    roxxel.pack(
+        [src],
+        tmp_path / "py",
+        tokenizer=toks["hf"],
+        append_eos=True,
+        keep_field="url",
+        shard_bytes="1K",
+        workers=2,
+    )
+    cli, py = roxxel.open_dataset(tmp_path / "cli"), roxxel.open_dataset(tmp_path / "py")
+    assert py.num_shards > 1 and len(py) == len(cli) == 30
+    for i in range(30):
+        assert py[i]["tokens"].tolist() == cli[i]["tokens"].tolist()
+        assert py[i]["url"] == f"https://x/{i}"
+    assert py.metadata["tokenizer"]["sha256"] == cli.metadata["tokenizer"]["sha256"]
+
+
+def test_issue14_pack_from_python_raises_what_the_command_reports(toks, tmp_path):
+    src = _jsonl(tmp_path / "c.jsonl", _texts(3))
+    with pytest.raises(ConfigError, match="no option 'tokeniser'"):
+        roxxel.pack(src, tmp_path / "a", tokeniser=toks["hf"])
+    with pytest.raises(ConfigError, match="expected --tokenizer"):
+        roxxel.pack(src, tmp_path / "b", append_eos=True)
+    with pytest.raises(roxxel.RoxxelError, match=r"missing\.json"):
+        roxxel.pack(src, tmp_path / "c", tokenizer=tmp_path / "missing.json")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": 7}\n')
+    with pytest.raises(roxxel.RoxxelError, match=r"bad\.jsonl:2"):
+        roxxel.pack(bad, tmp_path / "d", tokenizer=toks["hf"])
+    assert not any((tmp_path / n / "manifest.json").exists() for n in "abcd")

@@ -11,7 +11,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import islice
 from pathlib import Path
 
@@ -65,7 +65,7 @@ from roxxel.ingest.parts import (
 from roxxel.ingest.pool import START_METHODS, UnitPool
 from roxxel.ingest.tokenize import TokenizeConfig, file_sha256, load_tokenizer, token_dtype
 
-__all__ = ["add_merge_parser", "add_pack_parser"]
+__all__ = ["add_merge_parser", "add_pack_parser", "pack"]
 
 SAMPLE_RECORDS = 100
 
@@ -84,6 +84,50 @@ task uploads its units as they finish and the last task to end writes the manife
 
 MERGE_EPILOG = """example:
   roxxel merge /scratch/task0 /scratch/task1 -o data/corpus"""
+
+
+def pack(
+    inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    output: str | os.PathLike[str],
+    *,
+    quiet: bool = True,
+    **options: object,
+) -> None:
+    """`roxxel pack INPUTS -o OUTPUT` from Python, each option named as its flag
+    (``--tokenizer PATH``: ``tokenizer=PATH``; ``--append-eos``: ``append_eos=True``;
+    ``--field`` and ``--keep-field``, which repeat: a list; ``--shard-bytes 64M``:
+    ``shard_bytes="64M"`` or an int). It does exactly what the command does (docs/cli.md).
+
+    >>> import roxxel
+    >>> roxxel.pack(["corpus/*.jsonl"], "data/web", tokenizer="tok.json", append_eos=True)
+    ... # doctest: +SKIP
+
+    Raises:
+        ConfigError: an unknown option, or options the command line refuses.
+        RoxxelError, OSError: bad input, as the command reports it (file, line, rule).
+    """
+    names = [inputs] if isinstance(inputs, str | os.PathLike) else list(inputs)
+    parser = argparse.ArgumentParser(prog="roxxel")
+    add_pack_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["pack", *map(os.fspath, names), "-o", os.fspath(output)])
+    for name, value in options.items():
+        if name in ("inputs", "output", "func", "command") or not hasattr(args, name):
+            raise ConfigError(
+                f"roxxel.pack: no option {name!r} (expected a `roxxel pack` flag's name,"
+                " dashes as underscores, e.g. tokenizer, append_eos, image_size)"
+            )
+        if isinstance(getattr(args, name), list) and isinstance(value, str | os.PathLike):
+            value = [value]  # a repeatable flag given once
+        if name in ("shard_bytes", "unit_bytes") and isinstance(value, str):
+            value = parse_size(value)
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        setattr(args, name, list(value) if isinstance(value, list | tuple) else value)
+    args.quiet = quiet
+    try:
+        cmd_pack(args)
+    except UsageError as e:
+        raise ConfigError(f"roxxel.pack: {e}") from None
 
 
 def add_pack_parser(sub: argparse._SubParsersAction) -> None:

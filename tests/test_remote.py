@@ -198,63 +198,6 @@ def test_the_first_prefetch_goes_first_and_later_ones_wait_for_it(local, tmp_pat
     cache.close()
 
 
-def test_issue15_speed_the_first_download_runs_while_the_fetch_threads_start(
-    local, tmp_path, monkeypatch
-):
-    cache = ShardCache(CacheConfig(f"file://{local}", tmp_path, max_fetches=3, policy=FAST))
-    first = cache.read_manifest().shards[0]
-    downloading, read = threading.Event(), cache.store.read
-
-    def reading(name, start=0, stop=None):
-        downloading.set()
-        return read(name, start, stop)
-
-    cache.store.read = reading  # type: ignore[method-assign]
-    start, seen = threading.Thread.start, []
-
-    def starting(thread):  # the last fetch thread starts only once a download runs
-        if thread.name == "roxxel-fetch" and len(seen) == 2:
-            seen.append(downloading.wait(30))
-        else:
-            seen.append(None)
-        start(thread)
-
-    monkeypatch.setattr(threading.Thread, "start", starting)
-    cache.prefetch([first])
-    monkeypatch.undo()
-    assert seen[-1] is True
-    cache.wait()
-    assert cache.is_current(first)
-    cache.close()
-
-
-def test_close_while_the_first_prefetch_starts_threads_joins_them_all(local, tmp_path, monkeypatch):
-    cache = ShardCache(CacheConfig(f"file://{local}", tmp_path, max_fetches=3, policy=FAST))
-    entries = cache.read_manifest().shards
-    start, closing = threading.Thread.start, threading.Thread(target=cache.close)
-
-    def starting(thread):
-        if thread.name == "roxxel-fetch" and not closing.is_alive():
-            start(closing)  # close runs while the rest of the fetch threads start
-            closing.join(0.2)
-        start(thread)
-
-    monkeypatch.setattr(threading.Thread, "start", starting)
-    threads = []
-    original = cache._new_threads
-
-    def recorded():
-        threads.extend(original())
-        return threads
-
-    cache._new_threads = recorded  # type: ignore[method-assign]
-    cache.prefetch(entries)
-    monkeypatch.undo()
-    closing.join(30)
-    assert not closing.is_alive() and len(threads) == 3
-    assert not any(t.is_alive() for t in threads)
-
-
 def test_close_cancels_queued_fetches_and_joins_its_threads(local, tmp_path):
 
     cache = ShardCache(CacheConfig(f"file://{local}", tmp_path, max_fetches=2, policy=FAST))

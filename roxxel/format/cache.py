@@ -153,7 +153,6 @@ class ShardCache:
         self._inflight: dict[str, Future[Path]] = {}
         self._queue: queue.SimpleQueue[tuple[ShardEntry, Future[Path]] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
-        self._starting = threading.Lock()  # held while `prefetch` starts the threads
         self._published: set[str] = set()  # names this object saw published: fetch returns
         self._ahead: set[str] = set()  # published by a prefetch, not held since: see evict
         self._room_lock = threading.Lock()  # one eviction decision at a time in this process
@@ -248,10 +247,8 @@ class ShardCache:
         prefetch is dropped: the fetch that needs the shard tries again and raises.
         """
         with self._lock:
-            new = [] if self._threads else self._new_threads()
-            if new:
-                self._threads = new
-                self._starting.acquire()  # `close` joins them only once they all started
+            if not self._threads:
+                self._start_threads()
             queued = []
             for entry in entries:
                 if entry.path in self._inflight or entry.path in self._published:
@@ -262,12 +259,6 @@ class ShardCache:
                 queued.append(entry.path)
             if self._first is None:
                 self._first = set(queued)
-        if new:  # after queueing: the first downloads run while the other threads start
-            try:
-                for thread in new:
-                    thread.start()
-            finally:
-                self._starting.release()
 
     def _num_missing(self) -> int:
         with self._lock:  # a cache nobody prefetches through (or closed) is asked for nothing
@@ -367,22 +358,23 @@ class ShardCache:
                     del self._inflight[name]
             for _ in threads:
                 self._queue.put(None)
-        with self._starting:
-            for thread in threads:
-                thread.join()
+        for thread in threads:
+            thread.join()
 
     def __repr__(self) -> str:
         return f"ShardCache({self.config.url!r}, folder={str(self.folder)!r})"
 
-    def _new_threads(self) -> list[threading.Thread]:
-        """Daemons, not started (a download in flight never holds up an exit), that hold this
-        cache only weakly: a cache nobody uses is collected and its threads end."""
+    def _start_threads(self) -> None:
+        """Daemons (a download in flight never holds up an exit) that hold this cache only
+        weakly: a cache nobody uses is collected and its threads end."""
         ref, jobs, num = weakref.ref(self), self._queue, self.config.max_fetches
-        weakref.finalize(self, _stop_threads, jobs, num)
-        return [
+        self._threads = [
             threading.Thread(target=_fetch_loop, args=(ref, jobs), name="roxxel-fetch", daemon=True)
             for _ in range(num)
         ]
+        for thread in self._threads:
+            thread.start()
+        weakref.finalize(self, _stop_threads, jobs, num)
 
     def _queued(self, entry: ShardEntry, future: Future[Path]) -> None:
         with self._turn:
@@ -542,7 +534,6 @@ def _renew_after_fork() -> None:
     fork would never be released."""
     for cache in list(_OPEN):
         cache._lock, cache._threads, cache._inflight = threading.Lock(), [], {}
-        cache._starting = threading.Lock()
         cache._turn, cache._first = threading.Condition(cache._lock), set()
         cache._queue = queue.SimpleQueue()
 

@@ -13,7 +13,9 @@ import gc
 import json
 import os
 import pickle
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -664,7 +666,16 @@ def _truncate(path: Path) -> None:
     path.write_bytes(path.read_bytes()[:-100])
 
 
-@pytest.mark.parametrize(("damage", "rule"), [(_corrupt_record_byte, "R16"), (_truncate, "M8")])
+def _reserved_trailer_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) - 64 + 40] ^= 0x01  # the trailer's first reserved byte
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("damage", "rule"),
+    [(_corrupt_record_byte, "R16"), (_truncate, "M8"), (_reserved_trailer_byte, "R5")],
+)
 def test_a_shard_corrupted_on_the_server_is_refused_with_its_rule_and_url(
     s3, local, tmp_path, damage, rule
 ):
@@ -684,6 +695,8 @@ def test_a_shard_corrupted_on_the_server_is_refused_with_its_rule_and_url(
         dataset[first_of_victim]
     assert caught.value.rule == rule
     assert caught.value.path == f"s3://{prefix}/{victim}"
+    assert str(caught.value).count("(rule ") == 1  # said once
+    assert str(caught.value).count("field 'tokens'") <= 1
     assert victim not in _published(dataset)
 
 
@@ -714,6 +727,93 @@ def test_the_server_going_away_is_a_clear_error_and_the_run_resumes_once_back(s3
         assert head + [b["label"].tolist() for b in resumed] == reference
 
 
+class _Listener:
+    """A TCP server on 127.0.0.1 that counts connections and either never answers
+    (``hang``) or closes each one at once."""
+
+    def __init__(self, hang: bool) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port, self.accepted, self._hang, self._held = self.sock.getsockname()[1], 0, hang, []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            if self._hang:
+                self._held.append(conn)
+            else:
+                conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self._held:
+            conn.close()
+
+
+@pytest.mark.parametrize("hang", [True, False], ids=["never-answers", "closes-at-once"])
+def test_issue15_a_store_that_fails_is_asked_as_often_as_the_policy_says(
+    hang, tmp_path, monkeypatch
+):
+    """s3: each of roxxel's tries is one request (no nested retries of s3fs and botocore,
+    which made a server that never answers hang a run for about 25 minutes)."""
+    pytest.importorskip("s3fs")
+    for key, value in CREDENTIALS.items():
+        monkeypatch.setenv(key, value)
+    server = _Listener(hang)
+    options = {
+        "endpoint_url": f"http://127.0.0.1:{server.port}",
+        "config_kwargs": {"read_timeout": 0.5, "connect_timeout": 2},
+    }
+    policy = FetchPolicy(attempts=3, backoff_s=0.0)
+    cache = ShardCache(CacheConfig("s3://no-bucket/ds", tmp_path, options, policy=policy))
+    try:
+        with pytest.raises(ConnectionError, match=r"s3://no-bucket/ds/manifest.json: unreachable"):
+            cache.read_manifest()
+    finally:
+        server.close()
+    # one request a try; aiohttp reopens a connection closed before any answer once
+    assert server.accepted == 3 if hang else 3 <= server.accepted <= 6
+
+
+def test_issue15_a_shard_missing_at_the_url_is_refused_m7_naming_it(local, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(local, broken)
+    victim = roxxel.open_dataset(local).manifest.shards[1].path
+    (broken / victim).unlink()
+    dataset = _open(f"file://{broken}", tmp_path / "cache")
+    with pytest.raises(FormatError) as caught:
+        dataset[int(dataset.shard_starts[1])]
+    assert caught.value.rule == "M7" and caught.value.path == f"file://{broken}/{victim}"
+    assert "no such object" in str(caught.value)
+
+
+def test_issue15_access_denied_is_a_config_error_naming_the_url(local, tmp_path, monkeypatch):
+    from roxxel.format import remote
+
+    def denied(fs, path, start, stop):
+        raise PermissionError("The AWS Access Key Id you provided does not exist")
+
+    monkeypatch.setattr(remote, "_cat", denied)
+    with pytest.raises(ConfigError, match=rf"file://{local}/manifest.json: access denied"):
+        _open(f"file://{local}", tmp_path)
+
+
+def test_issue15_storage_options_the_protocol_refuses_are_one_line(s3, tmp_path, capsys):
+    from roxxel.cli import main
+
+    bad = {**s3.options, "bogus_option": 1}
+    with pytest.raises(ConfigError, match=r"s3://roxxel-data/ds.*bogus_option"):
+        roxxel.open_dataset("s3://roxxel-data/ds", cache_dir=tmp_path, storage_options=bad)
+    args = ["pull", "s3://roxxel-data/ds", str(tmp_path / "p"), "--storage-options"]
+    assert main([*args, json.dumps(bad)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "s3://roxxel-data/ds" in err
+
+
 # --- the CLI ---------------------------------------------------------------------------------
 
 
@@ -739,6 +839,30 @@ def test_info_verify_cat_and_plan_accept_urls(local, tmp_path, monkeypatch, caps
     assert "rule M1" in capsys.readouterr().err
 
 
+def test_issue15_every_command_that_reads_a_url_takes_storage_options(s3, tmp_path, capsys):
+    from roxxel.cli import main
+
+    url, cache = "s3://roxxel-data/ds", str(tmp_path / "cache")
+    flags = ["--cache-dir", cache, "--storage-options", json.dumps(s3.options)]
+    assert main(["info", url, "--json", *flags]) == 0
+    assert json.loads(capsys.readouterr().out)["num_records"] == NUM_RECORDS
+    assert main(["verify", url, "--workers", "2", *flags]) == 0
+    assert "OK" in capsys.readouterr().out
+    assert main(["cat", url, "7", "--json", *flags]) == 0
+    assert json.loads(capsys.readouterr().out)["label"] == 7
+    toml = tmp_path / "mix.toml"
+    toml.write_text(
+        f'batch_size = 4\n[sources.web]\npath = "{url}"\n[[phases]]\nweights = {{ web = 1 }}\n'
+    )
+    assert main(["plan", str(toml), "--steps", "3", *flags]) == 0
+    assert main(["peek", str(toml), "--step", "1", "--rows", "2", *flags]) == 0
+    assert main(["peek", url, "--step", "2", "--batch-size", "4", "--rows", "2", *flags]) == 0
+    capsys.readouterr()
+    bad = ["--cache-dir", cache, "--storage-options", "[1]"]
+    assert main(["info", url, *bad]) == 1
+    assert "--storage-options" in capsys.readouterr().err
+
+
 def test_pull_stages_a_dataset_verified_and_resumes_after_a_refused_shard(local, tmp_path, capsys):
     from roxxel.cli import main
 
@@ -757,10 +881,44 @@ def test_pull_stages_a_dataset_verified_and_resumes_after_a_refused_shard(local,
     assert caught.value.rule == "M1"
     assert victim not in os.listdir(out)
     (source / victim).write_bytes((local / victim).read_bytes())  # repaired on the server
+    kept = len([n for n in os.listdir(out) if not n.startswith(".")])
+    assert kept >= 1  # fetched before the refusal, kept for the rerun
     assert main(["pull", f"file://{source}", str(out), "--quiet"]) == 0
-    assert "(1 fetched," in capsys.readouterr().out
+    num_shards = roxxel.open_dataset(local).num_shards
+    assert f"({num_shards - kept} fetched, {kept} already there)" in capsys.readouterr().out
     assert _labels(roxxel.open_dataset(out)) == list(range(NUM_RECORDS))
     assert roxxel.open_dataset(out).fingerprint == roxxel.open_dataset(local).fingerprint
+
+
+def test_issue15_the_cli_never_prints_a_password_given_in_a_url(tmp_path, capsys):
+    from roxxel.cli import main
+
+    pytest.importorskip("aiohttp")
+    server = _Listener(hang=False)  # answers nothing: every try fails, then the error prints
+    try:
+        url = f"http://reader:Pw12345@127.0.0.1:{server.port}/ds"
+        assert main(["info", url, "--cache-dir", str(tmp_path)]) == 1
+    finally:
+        server.close()
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Pw12345" not in err
+    assert f"http://***@127.0.0.1:{server.port}/ds" in err
+
+
+def test_issue15_pull_stops_at_the_first_shard_that_fails(tmp_path, capsys):
+    """A store that went away ends a pull after one shard's bounded tries, not one per shard."""
+    from roxxel.cli import main
+
+    source = _write(tmp_path / "ds", shard_bytes=400)
+    entries = roxxel.open_dataset(source).manifest.shards
+    assert len(entries) >= 8
+    (source / entries[1].path).unlink()
+    out = tmp_path / "pulled"
+    assert main(["pull", f"file://{source}", str(out), "--workers", "1", "-q"]) == 1
+    assert "M7" in capsys.readouterr().err
+    fetched = [e.path for e in entries if (out / e.path).exists()]
+    # the worker may take the next shard before the failure is seen; no further one starts
+    assert fetched[0] == entries[0].path and len(fetched) <= 2
 
 
 def test_pull_from_the_s3_server_with_storage_options(s3, tmp_path, capsys):

@@ -284,3 +284,22 @@ def test_issue15_cache_dir_flag_puts_fetched_shards_where_the_user_says(
     assert len(capsys.readouterr().out.splitlines()) == 1
     assert not default.exists()  # nothing went to $ROXXEL_CACHE_DIR
     assert main(["info", str(local), "--cache-dir", str(chosen)]) == 0  # a local DIR: read in place
+
+
+def test_issue15_remote_pack_rerun_counts_the_units_the_url_holds(tmp_path, capsys):
+    """A rerun of a task whose units are at the URL says so (it once reported them as
+    neither packed nor kept)."""
+    from roxxel.cli import main
+
+    src = tmp_path / "numbers.jsonl"
+    src.write_text("".join(f'{{"label": {i}}}\n' for i in range(200)))
+    url = f"file://{tmp_path / 'out'}"
+    args = ["pack", str(src), "-o", url, "--unit-bytes", "512", "--num-tasks", "2"]
+    args += ["--task-index", "0", "--cache-dir", str(tmp_path / "scratch")]
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    summary = next(line for line in first.splitlines() if line.startswith("packed "))
+    units = int(summary.split(" from ")[1].split(" work units")[0])
+    assert units > 1
+    assert main(args) == 0
+    assert f"; {units} more work units were at the URL already" in capsys.readouterr().out

@@ -19,6 +19,7 @@ from roxxel.cli.plan import add_plan_parser
 from roxxel.cli.pull import add_pull_parser
 from roxxel.cli.push import add_push_parser
 from roxxel.errors import RoxxelError
+from roxxel.format.remote import without_credentials
 from roxxel.version import __version__
 
 __all__ = ["build_parser", "main"]
@@ -69,12 +70,14 @@ def main(argv: list[str] | None = None) -> int:
         _silence_stdout()
         return BROKEN_PIPE
     except UsageError as e:
+        why = without_credentials(str(e))
         print(
-            f"roxxel {args.command}: error: {e} (see roxxel {args.command} --help)", file=sys.stderr
+            f"roxxel {args.command}: error: {why} (see roxxel {args.command} --help)",
+            file=sys.stderr,
         )
         return 2
     except (RoxxelError, OSError) as e:
-        print(f"roxxel {args.command}: error: {e}", file=sys.stderr)
+        print(f"roxxel {args.command}: error: {without_credentials(str(e))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"roxxel {args.command}: interrupted", file=sys.stderr)

@@ -9,18 +9,21 @@ from __future__ import annotations
 import argparse
 import re
 import tomllib
+from collections.abc import Mapping
+from typing import Any
 
-from roxxel.errors import ConfigError
+from roxxel.errors import ConfigError, load_json
 from roxxel.format.remote import is_url
 
 __all__ = [
     "UsageError",
-    "add_cache_dir_flag",
+    "add_url_flags",
     "parse_compress_flags",
     "parse_field_flags",
     "parse_size",
     "read_schema_toml",
-    "url_cache_dir",
+    "storage_options",
+    "url_options",
 ]
 
 _SIZE = re.compile(r"^(\d+)\s*([kmgt]?)i?b?$", re.IGNORECASE)
@@ -31,23 +34,44 @@ class UsageError(Exception):
     """The command line itself is wrong: printed with the usage, exit status 2."""
 
 
-def add_cache_dir_flag(p: argparse.ArgumentParser) -> None:
-    """``--cache-dir DIR``: where the shards of a dataset at a URL are fetched to."""
+def add_url_flags(p: argparse.ArgumentParser) -> None:
+    """``--cache-dir DIR`` (where the shards of a dataset at a URL are fetched to) and
+    ``--storage-options JSON`` (its fsspec options: endpoint, credentials)."""
     p.add_argument(
         "--cache-dir",
         metavar="DIR",
         help="cache for datasets at a URL (default $ROXXEL_CACHE_DIR or ~/.cache/roxxel)",
     )
+    p.add_argument(
+        "--storage-options",
+        metavar="JSON",
+        help="fsspec options of a URL, a JSON object (default: the protocol's own places)",
+    )
 
 
-def url_cache_dir(path: str, cache_dir: str | None) -> str | None:
-    """`open_dataset`'s ``cache_dir`` for ``path``: ``--cache-dir`` for a URL, None for a local
-    directory, which is read in place (so one ``--cache-dir`` serves a mixture of both).
+def url_options(
+    path: str, cache_dir: str | None, options: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """`open_dataset`'s keyword arguments for ``path``: the cache folder and storage options
+    for a URL, none for a local directory, which is read in place (so one ``--cache-dir``
+    serves a mixture of both).
 
-    >>> url_cache_dir("s3://bucket/ds", "/nvme/cache"), url_cache_dir("data/ds", "/nvme/cache")
-    ('/nvme/cache', None)
+    >>> url_options("s3://bucket/ds", "/nvme/cache"), url_options("data/ds", "/nvme/cache")
+    ({'cache_dir': '/nvme/cache', 'storage_options': {}}, {})
     """
-    return cache_dir if is_url(path) else None
+    if not is_url(path):
+        return {}
+    return {"cache_dir": cache_dir, "storage_options": dict(options or {})}
+
+
+def storage_options(text: str | None) -> dict[str, Any]:
+    """The fsspec options of ``--storage-options JSON`` (strict JSON, an object)."""
+    if text is None:
+        return {}
+    options = load_json(text.encode(), "--storage-options", ConfigError)
+    if not isinstance(options, dict):
+        raise ConfigError(f"--storage-options: {type(options).__name__} (expected a JSON object)")
+    return options
 
 
 def parse_size(text: str) -> int:

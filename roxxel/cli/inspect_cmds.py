@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from roxxel.cli.args import add_cache_dir_flag, url_cache_dir
+from roxxel.cli.args import add_url_flags, storage_options, url_options
 from roxxel.errors import ConfigError, FormatError
 from roxxel.format.dataset import Dataset, open_dataset
 from roxxel.format.reader import Corruption
@@ -28,7 +28,7 @@ def add_inspect_parsers(sub: argparse._SubParsersAction) -> None:
                        description="Describe a dataset.", epilog="example:\n  roxxel info data/corpus --json")  # fmt: skip
     p.add_argument("dataset", metavar="DIR")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    add_cache_dir_flag(p)
+    add_url_flags(p)
     p.set_defaults(func=cmd_info)
     p = sub.add_parser("verify", help="check every checksum (exit 1 on corruption)", formatter_class=_RAW,
                        description="Check every record checksum of every shard, in parallel.",
@@ -37,7 +37,7 @@ def add_inspect_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--workers", type=int, default=os.cpu_count() or 1, metavar="N", help="processes"
     )
-    add_cache_dir_flag(p)
+    add_url_flags(p)
     p.set_defaults(func=cmd_verify)
     p = sub.add_parser("cat", help="print records", formatter_class=_RAW,
                        description="Print records by global index (negative counts from the end).",
@@ -45,7 +45,7 @@ def add_inspect_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("dataset", metavar="DIR")
     p.add_argument("indices", nargs="+", type=int, metavar="INDEX")
     p.add_argument("--json", action="store_true", help="one JSON object per line (bytes as base64)")
-    add_cache_dir_flag(p)
+    add_url_flags(p)
     p.set_defaults(func=cmd_cat)
     p = sub.add_parser("bench", help="measure read speed on this machine", formatter_class=_RAW,
                        description="Measure sequential and random batch read speed of a dataset.",
@@ -55,7 +55,7 @@ def add_inspect_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-batches", type=int, default=100, metavar="N")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
-    add_cache_dir_flag(p)
+    add_url_flags(p)
     p.set_defaults(func=cmd_bench)
 
 
@@ -76,7 +76,8 @@ def _elements(ds: Dataset) -> dict[str, int]:
 
 def _open(args: argparse.Namespace) -> Dataset:
     """The dataset the command names; a URL's shards are cached in ``--cache-dir``."""
-    return open_dataset(args.dataset, cache_dir=url_cache_dir(args.dataset, args.cache_dir))
+    options = storage_options(args.storage_options)
+    return open_dataset(args.dataset, **url_options(args.dataset, args.cache_dir, options))
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -130,9 +131,12 @@ def _print_made(metadata: dict[str, Any]) -> None:
         print(f"images: {images.get('field')!r} {images.get('spec')} ({how}{where})")
 
 
-def _verify_shard(path: str, k: int, cache_dir: str | None) -> list[Corruption]:
+def _verify_shard(
+    path: str, k: int, cache_dir: str | None, options: str | None
+) -> list[Corruption]:
     try:
-        return open_dataset(path, cache_dir=url_cache_dir(path, cache_dir)).shard(k).verify()
+        where = url_options(path, cache_dir, storage_options(options))
+        return open_dataset(path, **where).shard(k).verify()
     except FormatError as e:
         return [Corruption(path, -1, "", str(e))]
 
@@ -141,12 +145,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
     ds = _open(args)
     ks = range(ds.num_shards)
     if args.workers <= 1 or ds.num_shards <= 1:
-        found = [_verify_shard(args.dataset, k, args.cache_dir) for k in ks]
+        found = [_verify_shard(args.dataset, k, args.cache_dir, args.storage_options) for k in ks]
     else:
         ctx = multiprocessing.get_context("forkserver")
         with ProcessPoolExecutor(min(args.workers, ds.num_shards), mp_context=ctx) as pool:
             paths, caches = [args.dataset] * len(ks), [args.cache_dir] * len(ks)
-            found = list(pool.map(_verify_shard, paths, ks, caches))
+            options = [args.storage_options] * len(ks)
+            found = list(pool.map(_verify_shard, paths, ks, caches, options))
     bad = [c for shard in found for c in shard]
     for c in bad:
         where = f"record {c.record}, field {c.field!r}" if c.record >= 0 else "shard"

@@ -23,8 +23,8 @@ from roxxel.cli.args import (
     parse_field_flags,
     parse_size,
     read_schema_toml,
+    storage_options,
 )
-from roxxel.cli.pull import storage_options
 from roxxel.errors import ConfigError
 from roxxel.format.cache import CacheConfig, default_cache_dir
 from roxxel.format.remote import RemoteStore, is_url
@@ -475,7 +475,7 @@ def _pack_to_url(args: argparse.Namespace) -> int:
         there = find_remote_units(store, plan, (u.index for u in mine))
         todo = [u for u in mine if u.index not in there]
         results = _stage_and_upload(args, config, todo, store, plan) if todo else []
-        _report(args, results, todo, start)
+        _report(args, results, todo, start, len(mine) - len(todo))
         missing = plan.num_units - len(remote_markers(store, plan))
         if missing:
             _say(args, _waiting(args, len(there), missing))
@@ -566,8 +566,14 @@ def _bar(args: argparse.Namespace, units: list[WorkUnit]) -> tqdm:
 
 
 def _report(
-    args: argparse.Namespace, results: list[UnitResult], units: list[WorkUnit], start: float
+    args: argparse.Namespace,
+    results: list[UnitResult],
+    units: list[WorkUnit],
+    start: float,
+    uploaded: int = 0,
 ) -> None:
+    """The summary line of the units packed now (``uploaded``: this task's units a URL held
+    already, skipped)."""
     bad = BadRecords()
     for r in sorted(results, key=lambda r: r.unit):
         bad.merge(r.bad)
@@ -585,7 +591,8 @@ def _report(
         f"({sum(r.num_output_bytes for r in results)} bytes) from {len(units)} work units "
         f"({sum(r.resumed for r in results)} kept from an earlier run, "
         f"{sum(r.num_dropped for r in results)} records dropped by --map) in {elapsed:.1f} s: "
-        f"{records / elapsed:.0f} records/s, {in_bytes / elapsed / 1e6:.1f} MB/s input",
+        f"{records / elapsed:.0f} records/s, {in_bytes / elapsed / 1e6:.1f} MB/s input"
+        + (f"; {uploaded} more work units were at the URL already" if uploaded else ""),
     )
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from roxxel.cli.args import UsageError, add_cache_dir_flag, url_cache_dir
+from roxxel.cli.args import UsageError, add_url_flags, storage_options, url_options
 from roxxel.cli.plan import open_plan_source
 from roxxel.errors import ConfigError
 from roxxel.format.dataset import Dataset, open_dataset
@@ -59,7 +59,7 @@ def add_peek_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--field", metavar="F", help="the field to show (and to cut windows from)")
     p.add_argument("--no-shuffle", action="store_true", help="a dataset read in its order")
     p.add_argument("--json", action="store_true", help="one JSON object per row, all values")
-    add_cache_dir_flag(p)
+    add_url_flags(p)
     p.set_defaults(func=cmd_peek)
 
 
@@ -97,13 +97,16 @@ def _print_rows(step: int, rows: list[dict[str, Any]], as_json: bool) -> None:
 
 def _open(args: argparse.Namespace) -> tuple[Any, list[Dataset]]:
     """The loader's source and the datasets under it."""
+    options = storage_options(args.storage_options)
     if Path(args.source).is_file():  # a mixture TOML
         if args.seq_len is not None:
             raise UsageError("--seq-len is for a dataset (a mixture's sources set seq_len)")
-        opener = functools.partial(open_plan_source, cache_dir=args.cache_dir)
+        opener = functools.partial(
+            open_plan_source, cache_dir=args.cache_dir, storage_options=options
+        )
         mixture = Mixture.from_toml(args.source, opener)
         return mixture, _datasets(mixture)
-    dataset = open_dataset(args.source, cache_dir=url_cache_dir(args.source, args.cache_dir))
+    dataset = open_dataset(args.source, **url_options(args.source, args.cache_dir, options))
     if args.batch_size is None:
         raise UsageError("a dataset needs --batch-size (the loader's global batch size)")
     if args.seq_len is None:

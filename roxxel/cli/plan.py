@@ -13,7 +13,7 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from roxxel.cli.args import add_cache_dir_flag, url_cache_dir
+from roxxel.cli.args import add_url_flags, storage_options, url_options
 from roxxel.errors import ConfigError
 from roxxel.format.dataset import open_dataset
 from roxxel.sampling.mixture import Mixture
@@ -49,20 +49,27 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--plot", metavar="PATH", help="also draw the shares over the steps (matplotlib)"
     )
-    add_cache_dir_flag(p)
+    add_url_flags(p)
     p.set_defaults(func=cmd_plan)
 
 
-def open_plan_source(name: str, spec: Mapping[str, Any], *, cache_dir: str | None = None) -> Any:
+def open_plan_source(
+    name: str,
+    spec: Mapping[str, Any],
+    *,
+    cache_dir: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Any:
     """A mixture source from its TOML table: token windows or the dataset's records. A
-    ``path`` that is a URL is cached in ``cache_dir`` (default: `open_dataset`'s).
+    ``path`` that is a URL is cached in ``cache_dir`` (default: `open_dataset`'s) and read
+    with ``storage_options``.
 
     Raises:
         ConfigError: an unknown key, a value of the wrong type, ``field`` without ``seq_len``
             (or the reverse), or a field the dataset does not have (listing those it has).
     """
     _check_source_spec(name, spec)
-    dataset = open_dataset(spec["path"], cache_dir=url_cache_dir(spec["path"], cache_dir))
+    dataset = open_dataset(spec["path"], **url_options(spec["path"], cache_dir, storage_options))
     if "field" not in spec and "seq_len" not in spec:
         return dataset
     if "field" not in spec or "seq_len" not in spec:
@@ -97,7 +104,8 @@ def _check_source_spec(name: str, spec: Mapping[str, Any]) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     if args.plot:
         _check_plot_extra()  # before the work, not after the report
-    opener = functools.partial(open_plan_source, cache_dir=args.cache_dir)
+    options = storage_options(args.storage_options)
+    opener = functools.partial(open_plan_source, cache_dir=args.cache_dir, storage_options=options)
     mixture = Mixture.from_toml(args.mixture, opener)
     print(plan_report(mixture, args.steps))
     if args.plot:

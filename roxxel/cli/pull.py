@@ -15,15 +15,15 @@ import secrets
 import sys
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any
 
-from roxxel.errors import ConfigError, load_json
+from roxxel.cli.args import storage_options
+from roxxel.errors import ConfigError
 from roxxel.format.cache import CacheConfig, ShardCache
 from roxxel.format.dataset import open_dataset
 from roxxel.format.manifest import MANIFEST_NAME, Manifest
 from roxxel.format.remote import is_url
 
-__all__ = ["add_pull_parser", "storage_options"]
+__all__ = ["add_pull_parser"]
 
 EPILOG = """example:
   roxxel pull s3://bucket/corpus /local/nvme/corpus --workers 8
@@ -44,7 +44,7 @@ def add_pull_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("dir", metavar="DIR")
     p.add_argument("--workers", type=int, default=8, metavar="N", help="parallel downloads")
     p.add_argument("--storage-options", metavar="JSON", help="fsspec options (a JSON object)")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=cmd_pull)
 
 
@@ -71,16 +71,6 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
-def storage_options(text: str | None) -> dict[str, Any]:
-    """The fsspec options of ``--storage-options JSON`` (strict JSON, an object)."""
-    if text is None:
-        return {}
-    options = load_json(text.encode(), "--storage-options", ConfigError)
-    if not isinstance(options, dict):
-        raise ConfigError(f"--storage-options: {type(options).__name__} (expected a JSON object)")
-    return options
-
-
 def _check_destination(folder: Path, manifest: Manifest) -> None:
     """DIR may be empty, a stopped pull of this dataset, or this dataset pulled already."""
     path = folder / MANIFEST_NAME
@@ -97,14 +87,18 @@ def _fetch_all(cache: ShardCache, manifest: Manifest, workers: int, progress: bo
     done_bytes = 0
     with ThreadPoolExecutor(workers, "roxxel-pull") as pool:
         jobs = {pool.submit(cache.fetch, e): e for e in manifest.shards}
-        for done, job in enumerate(as_completed(jobs), 1):
-            job.result()  # the first failure ends the pull (the rest is kept for a rerun)
-            done_bytes += jobs[job].num_bytes
-            if progress:
-                print(
-                    f"roxxel pull: {done}/{len(jobs)} shards, {done_bytes}/{total} bytes",
-                    file=sys.stderr,
-                )
+        try:
+            for done, job in enumerate(as_completed(jobs), 1):
+                job.result()
+                done_bytes += jobs[job].num_bytes
+                if progress:
+                    print(
+                        f"roxxel pull: {done}/{len(jobs)} shards, {done_bytes}/{total} bytes",
+                        file=sys.stderr,
+                    )
+        except BaseException:  # the first failure ends the pull: no queued fetch starts (what
+            pool.shutdown(cancel_futures=True)  # is fetched stays for a rerun)
+            raise
     for entry in manifest.shards:  # no fetch runs now: the lock files have done their work
         (cache.folder / f".{entry.path}.lock").unlink(missing_ok=True)
     return cache.num_fetched

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from roxxel.cli.pull import storage_options
+from roxxel.cli.args import storage_options
 from roxxel.format.upload import upload_dataset
 
 __all__ = ["add_push_parser"]

@@ -463,7 +463,11 @@ class ShardCache:
             offset = 0
             while offset < size:
                 stop = offset + chunk if offset + chunk < size else size + 1
-                data = self.store.read(entry.path, offset, stop)
+                try:
+                    data = self.store.read(entry.path, offset, stop)
+                except FileNotFoundError:
+                    url = join_url(self.config.url, entry.path)
+                    raise _refused(url, "M7", "no such object (the manifest lists it)") from None
                 if len(data) != min(stop, size) - offset:
                     raise self._wrong_size(entry, offset, len(data))
                 out.write(data)
@@ -506,10 +510,7 @@ class ShardCache:
                 first = bad[0]
                 rule = next((r for r, why in WHY.items() if why in first.message), "R16")
                 raise _refused(
-                    url,
-                    rule,
-                    f"{len(bad)} bad record(s), first: field {first.field!r} {first.message}",
-                    first.record,
+                    url, rule, f"{len(bad)} bad record(s), first: {first.message}", first.record
                 )
         finally:
             shard.close()
@@ -542,8 +543,9 @@ os.register_at_fork(after_in_child=_renew_after_fork)
 
 
 def _what(exc: FormatError, temp: Path) -> str:
-    """A reader's message about the temp file, with the temp file's name taken out."""
-    text = str(exc)
+    """A reader's message about the temp file, with the temp file's name and its rule taken
+    out (`_refused` names the rule)."""
+    text = str(exc).removesuffix(f" (rule {exc.rule} of docs/format.md)")
     return text.removeprefix(f"{temp}: ").replace(str(temp), "the shard")
 
 

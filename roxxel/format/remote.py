@@ -19,16 +19,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from roxxel.errors import ConfigError, check_int
+from roxxel.errors import ConfigError, RoxxelError, check_int
 
-__all__ = ["FetchPolicy", "RemoteStore", "is_url", "join_url"]
+__all__ = ["FetchPolicy", "RemoteStore", "is_url", "join_url", "without_credentials"]
 
 T = TypeVar("T")
 
 # a scheme of at least two letters, so "C:\\data" (a Windows drive) is not a URL
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
-# errors no retry can fix: the object is not there, or we may not read it
-_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+# the user-info part of a URL in a text ("https://user:secret@host/..."), see without_credentials
+_USER_INFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]+://)[^/@\s]+@")
+# errors no retry can fix: the object is not there (the caller names the rule)
+_MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 
 
 def is_url(path: object) -> bool:
@@ -38,6 +40,15 @@ def is_url(path: object) -> bool:
     (True, False, False)
     """
     return isinstance(path, str) and _URL.match(path) is not None
+
+
+def without_credentials(text: str) -> str:
+    """``text`` with the user and password of every URL in it masked, for printing.
+
+    >>> without_credentials("http://me:s3cret@host/ds: unreachable")
+    'http://***@host/ds: unreachable'
+    """
+    return _USER_INFO.sub(r"\1***@", text)
 
 
 def join_url(url: str, name: str) -> str:
@@ -72,7 +83,9 @@ class RemoteStore:
 
     Thread-safe (fsspec filesystems are; this object opens its filesystem once). Every read
     raises ``ConnectionError`` (an ``OSError``) naming the URL and the last failure once
-    ``policy.attempts`` tries failed; a missing object raises ``FileNotFoundError`` at once.
+    ``policy.attempts`` tries failed; a missing object raises ``FileNotFoundError`` at once,
+    and a refusal to read (credentials) or any other error no retry fixes (a storage option
+    the protocol does not take, say) a `ConfigError` naming the URL.
     """
 
     def __init__(
@@ -120,13 +133,25 @@ class RemoteStore:
                 time.sleep(self.policy.backoff_s * 2 ** (attempt - 1))
             try:
                 return call()
-            except _PERMANENT:
+            except _MISSING:
                 raise
+            except PermissionError as exc:
+                raise ConfigError(
+                    f"{where}: access denied ({exc}; expected credentials that may read it:"
+                    " the protocol's environment variables, config files or storage_options)",
+                    path=where,
+                ) from None
             except (OSError, RuntimeError, TimeoutError) as exc:  # network, server, client
                 last = exc
-            except Exception as exc:  # botocore & co. raise their own kinds
+            except RoxxelError:
+                raise
+            except Exception as exc:  # botocore, aiohttp & co. raise their own kinds
                 if not _transient(exc):
-                    raise
+                    raise ConfigError(
+                        f"{where}: {type(exc).__name__}: {exc} (expected storage options,"
+                        " credentials and an endpoint the protocol accepts)",
+                        path=where,
+                    ) from None
                 last = exc
         raise ConnectionError(
             f"{where}: unreachable after {self.policy.attempts} attempts"
@@ -147,8 +172,12 @@ def _cat(fs: Any, path: str, start: int, stop: int | None) -> bytes:
 
 
 def _transient(exc: BaseException) -> bool:
-    """Errors of a protocol's own library that a retry may fix (connection, timeout, 5xx)."""
+    """Errors of a protocol's own library that a retry may fix (connection, timeout, 5xx,
+    429: by the name of the kind, or an HTTP status it carries)."""
     name = type(exc).__name__
+    status = getattr(exc, "status", None)
+    if isinstance(status, int) and (status >= 500 or status == 429):
+        return True
     return any(word in name for word in ("Connection", "Timeout", "Endpoint", "ServerError"))
 
 
@@ -160,11 +189,24 @@ def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
             f"{url}: reading a URL needs fsspec (not installed, expected"
             " `pip install roxxel[remote]`, or roxxel[s3] / roxxel[gcs])"
         ) from None
+    s3 = url.split("://", 1)[0] in ("s3", "s3a")
     try:
-        fs, path = fsspec.core.url_to_fs(url, **options)
-    except (ImportError, ValueError) as exc:  # an unknown protocol or its package missing
+        fs, path = fsspec.core.url_to_fs(url, **(_one_try(options) if s3 else options))
+    except (ImportError, ValueError, TypeError) as exc:  # unknown protocol, package, option
         raise ConfigError(
-            f"{url}: no filesystem for this URL ({exc}, expected an fsspec protocol"
-            " whose package is installed, e.g. roxxel[s3])"
+            f"{url}: no filesystem for this URL ({type(exc).__name__}: {exc}, expected an"
+            " fsspec protocol whose package is installed, e.g. roxxel[s3], and options it"
+            " accepts)"
         ) from None
+    if s3:  # s3fs's own retry loop too (an instance of these options, which name ours)
+        fs.retries = 1
     return fs, path
+
+
+def _one_try(options: dict[str, Any]) -> dict[str, Any]:
+    """s3: the options with each request tried once by botocore (unless they say
+    otherwise): `FetchPolicy` is the one retry policy, so a store that went away is
+    reported after its bounded tries, not after nested ones."""
+    config = dict(options.get("config_kwargs") or {})
+    config.setdefault("retries", {"total_max_attempts": 1})
+    return {**options, "config_kwargs": config}

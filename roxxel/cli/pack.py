@@ -110,13 +110,14 @@ def pack(
     parser = argparse.ArgumentParser(prog="roxxel")
     add_pack_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["pack", *map(os.fspath, names), "-o", os.fspath(output)])
+    flags = vars(args)  # every option's name, with its default
     for name, value in options.items():
-        if name in ("inputs", "output", "func", "command") or not hasattr(args, name):
+        if name in ("inputs", "output", "func", "command") or name not in flags:
             raise ConfigError(
                 f"roxxel.pack: no option {name!r} (expected a `roxxel pack` flag's name,"
                 " dashes as underscores, e.g. tokenizer, append_eos, image_size)"
             )
-        if isinstance(getattr(args, name), list) and isinstance(value, str | os.PathLike):
+        if isinstance(flags[name], list) and isinstance(value, str | os.PathLike):
             value = [value]  # a repeatable flag given once
         if name in ("shard_bytes", "unit_bytes") and isinstance(value, str):
             value = parse_size(value)

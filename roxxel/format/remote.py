@@ -175,10 +175,19 @@ def _transient(exc: BaseException) -> bool:
     """Errors of a protocol's own library that a retry may fix (connection, timeout, 5xx,
     429: by the name of the kind, or an HTTP status it carries)."""
     name = type(exc).__name__
-    status = getattr(exc, "status", None)
-    if isinstance(status, int) and (status >= 500 or status == 429):
+    status = _http_status(exc)
+    if status is not None and (status >= 500 or status == 429):
         return True
     return any(word in name for word in ("Connection", "Timeout", "Endpoint", "ServerError"))
+
+
+def _http_status(exc: BaseException) -> int | None:
+    """The HTTP status of an aiohttp response error (fsspec's http, gcsfs), else None."""
+    try:
+        from aiohttp import ClientResponseError  # optional: the protocols built on it
+    except ImportError:
+        return None
+    return exc.status if isinstance(exc, ClientResponseError) else None
 
 
 def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:

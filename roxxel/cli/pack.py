@@ -109,7 +109,7 @@ def pack(
     names = [inputs] if isinstance(inputs, str | os.PathLike) else list(inputs)
     parser = argparse.ArgumentParser(prog="roxxel")
     add_pack_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["pack", *map(os.fspath, names), "-o", os.fspath(output)])
+    args = parser.parse_args(["pack", *(os.fspath(n) for n in names), "-o", os.fspath(output)])
     flags = vars(args)  # every option's name, with its default
     for name, value in options.items():
         if name in ("inputs", "output", "func", "command") or name not in flags:

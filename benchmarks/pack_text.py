@@ -9,8 +9,9 @@ Rows, ratios taken within one run (same machine, same moment):
   the JSONL file to fsynced shards) against a bare loop of ``tokenizer.encode_batch`` over
   the same texts already in memory, writing nothing, in one fresh process with the
   library's own thread pool (a thread per core: target >= 1.0x); for scale, the same loop
-  in 2 forked processes of one thread each (the best layout for the tokenizer alone on 2
-  cores); and against HF
+  calling ``encode_batch_fast`` (the same ids without character offsets: what the pack
+  calls, so its bound) and ``encode_batch`` in 2 forked processes of one thread each (the
+  best layout for the tokenizer alone on 2 cores); and against HF
   ``datasets``: ``load_dataset("json") + .map(encode_batch, batched=True, num_proc=2) +
   save_to_disk`` in the ``hf`` peer venv (target >= 1.5x; a row says so when the venv or
   its ``tokenizers`` is missing);
@@ -52,12 +53,13 @@ INPUTS_VERSION = 2  # bump when an input generator changes: cached inputs are ma
 BARE_SCRIPT = """
 import json, multiprocessing, os, sys, time
 from tokenizers import Tokenizer
-src, tok_path, batch, processes = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+src, tok_path, batch, processes, method = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 with open(src) as f:
     texts = [json.loads(line)["text"] for line in f]
 tok = Tokenizer.from_file(tok_path)
+encode_batch = getattr(tok, method)
 def encode(start):
-    return sum(len(e.ids) for e in tok.encode_batch(texts[start : start + batch], add_special_tokens=False))
+    return sum(len(e.ids) for e in encode_batch(texts[start : start + batch], add_special_tokens=False))
 starts = range(0, len(texts), batch)
 t = time.perf_counter()
 if processes == 1:
@@ -157,8 +159,11 @@ def _roxxel_pack(argv: list[str], out: Path, root: Path = ROOT) -> float:
     return time.perf_counter() - start
 
 
-def bare_encode(src: Path, tok_path: Path, processes: int = 1) -> tuple[float, int]:
-    """Seconds of ``encode_batch`` over the corpus's texts in batches, and the tokens made.
+def bare_encode(
+    src: Path, tok_path: Path, processes: int = 1, method: str = "encode_batch"
+) -> tuple[float, int]:
+    """Seconds of ``method`` (``encode_batch``, or ``encode_batch_fast``: the same ids
+    without character offsets) over the corpus's texts in batches, and the tokens made.
 
     A fresh process reads the texts first (untimed). ``processes`` 1: one process, the
     tokenizer's own pool of a thread per core; more: forked processes of one thread each
@@ -168,7 +173,7 @@ def bare_encode(src: Path, tok_path: Path, processes: int = 1) -> tuple[float, i
     env.pop("TOKENIZERS_PARALLELISM", None)
     if processes > 1:
         env["TOKENIZERS_PARALLELISM"] = "false"
-    argv = [str(src), str(tok_path), str(BATCH), str(processes)]
+    argv = [str(src), str(tok_path), str(BATCH), str(processes), method]
     done = subprocess.run(
         [sys.executable, "-c", BARE_SCRIPT, *argv], check=True, env=env, capture_output=True
     )
@@ -264,19 +269,21 @@ def run(text_mb: float, num_images: int, repeats: int) -> list[tuple[str, str, s
     unit = ["--unit-bytes", str(max(src.stat().st_size // 8, 1))]
     argv = [str(src), "--tokenizer", str(tok_path), "--workers", "2", *unit]
     cores = len(os.sched_getaffinity(0))
-    bare, split, pack, hf = (
+    bare, fast, split, pack, hf = (
         f"bare encode_batch loop, 1 process, the tokenizer's pool of {cores} threads "
         "(texts in memory, writes nothing)",
+        "bare encode_batch_fast loop (no offsets, what the pack calls), the same pool",
         "bare encode_batch loop, 2 forked processes of 1 thread (the same texts)",
         "roxxel pack --tokenizer --workers 2 (new process)",
         "HF datasets load_dataset + map(num_proc=2) + save_to_disk",
     )
-    times: dict[str, list[float]] = {bare: [], split: [], pack: [], hf: []}
+    times: dict[str, list[float]] = {bare: [], fast: [], split: [], pack: [], hf: []}
     missing = ""
     num_tokens = 0
     for _ in range(repeats):
         seconds, num_tokens = bare_encode(src, tok_path)
         times[bare].append(seconds)
+        times[fast].append(bare_encode(src, tok_path, method="encode_batch_fast")[0])
         times[split].append(bare_encode(src, tok_path, processes=2)[0])
         times[pack].append(_roxxel_pack(argv, WORK / "tok-ds"))
         got = missing or hf_pack(src, tok_path)
@@ -286,7 +293,12 @@ def run(text_mb: float, num_images: int, repeats: int) -> list[tuple[str, str, s
             times[hf].append(got)
     if missing:
         del times[hf]
-    ratios = [(pack, bare, "target 1.0x"), (pack, split, "no target"), (pack, hf, "target 1.5x")]
+    ratios = [
+        (pack, bare, "target 1.0x"),
+        (pack, fast, "no target: the bound"),
+        (pack, split, "no target"),
+        (pack, hf, "target 1.5x"),
+    ]
     rows = _rows("tokenize", num_tokens, "tokens/s", times, ratios)
     if missing:
         rows.append((f"tokenize: {hf}", "missing", missing))

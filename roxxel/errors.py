@@ -5,7 +5,9 @@ so code that already catches bad values keeps working. Messages follow one form:
 ``"<where>: <what> (<found>, expected <rule>)"``. An error may also carry what it is about as
 attributes, for code (and tests) that should not parse messages: ``rule`` (a numbered rule of
 ``docs/format.md`` or ``docs/sampling.md``, e.g. ``"M7"``), ``path`` (the file) and ``offset``
-(a byte offset, record or line number in that file).
+(a byte offset, record or line number in that file). The user and password of a URL never
+show in an error (``https://user:secret@host/`` becomes ``https://***@host/``): messages end
+up in logs.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import operator
+import re
 from typing import Any
 
 import numpy as np
@@ -24,7 +27,21 @@ __all__ = [
     "StateError",
     "check_int",
     "load_json",
+    "without_credentials",
 ]
+
+# the user-info part of a URL in a text ("https://user:secret@host/..."); a scheme of at
+# least two letters, so a Windows drive ("C:\\data") is not one
+_USER_INFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]+://)[^/@\s]+@")
+
+
+def without_credentials(text: str) -> str:
+    """``text`` with the user and password of every URL in it masked, for printing.
+
+    >>> without_credentials("http://me:s3cret@host/ds: unreachable")
+    'http://***@host/ds: unreachable'
+    """
+    return _USER_INFO.sub(r"\1***@", text)
 
 
 class RoxxelError(ValueError):
@@ -45,9 +62,9 @@ class RoxxelError(ValueError):
         path: object = None,
         offset: int | None = None,
     ) -> None:
-        super().__init__(message)
+        super().__init__(without_credentials(message))
         self.rule = rule
-        self.path = None if path is None else str(path)
+        self.path = None if path is None else without_credentials(str(path))
         self.offset = offset
 
 

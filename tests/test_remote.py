@@ -19,13 +19,14 @@ import socket
 import subprocess
 import sys
 import threading
+import traceback
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import roxxel
-from roxxel.errors import ConfigError, FormatError
+from roxxel.errors import ConfigError, FormatError, RoxxelError
 from roxxel.format.cache import CacheConfig, ShardCache
 from roxxel.format.dataset import Dataset
 from roxxel.format.remote import FetchPolicy, RemoteStore, is_url
@@ -905,6 +906,22 @@ def test_issue15_the_cli_never_prints_a_password_given_in_a_url(tmp_path, capsys
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Pw12345" not in err
     assert f"http://***@127.0.0.1:{server.port}/ds" in err
+
+
+def test_issue15_errors_raised_in_python_never_carry_a_password_given_in_a_url(tmp_path):
+    """A training script logs the exception it got: the password must not be in it."""
+    pytest.importorskip("aiohttp")
+    server = _Listener(hang=False)
+    try:
+        url = f"http://reader:Pw12345@127.0.0.1:{server.port}/ds"
+        with pytest.raises(RoxxelError) as caught:
+            roxxel.open_dataset(url, cache_dir=tmp_path)
+    finally:
+        server.close()
+    shown = "".join(traceback.format_exception(caught.value))
+    assert "Pw12345" not in shown and "Pw12345" not in repr(caught.value)
+    assert f"http://***@127.0.0.1:{server.port}/ds" in str(caught.value)
+    assert "Pw12345" not in str(caught.value.path)
 
 
 def test_issue15_pull_stops_at_the_first_shard_that_fails(tmp_path, capsys):

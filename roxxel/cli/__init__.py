@@ -18,8 +18,7 @@ from roxxel.cli.peek import add_peek_parser
 from roxxel.cli.plan import add_plan_parser
 from roxxel.cli.pull import add_pull_parser
 from roxxel.cli.push import add_push_parser
-from roxxel.errors import RoxxelError
-from roxxel.format.remote import without_credentials
+from roxxel.errors import RoxxelError, without_credentials
 from roxxel.version import __version__
 
 __all__ = ["build_parser", "main"]

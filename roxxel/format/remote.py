@@ -21,14 +21,12 @@ from typing import Any, TypeVar
 
 from roxxel.errors import ConfigError, RoxxelError, check_int
 
-__all__ = ["FetchPolicy", "RemoteStore", "is_url", "join_url", "without_credentials"]
+__all__ = ["FetchPolicy", "RemoteStore", "is_url", "join_url"]
 
 T = TypeVar("T")
 
 # a scheme of at least two letters, so "C:\\data" (a Windows drive) is not a URL
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
-# the user-info part of a URL in a text ("https://user:secret@host/..."), see without_credentials
-_USER_INFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]+://)[^/@\s]+@")
 # errors no retry can fix: the object is not there (the caller names the rule)
 _MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 
@@ -40,15 +38,6 @@ def is_url(path: object) -> bool:
     (True, False, False)
     """
     return isinstance(path, str) and _URL.match(path) is not None
-
-
-def without_credentials(text: str) -> str:
-    """``text`` with the user and password of every URL in it masked, for printing.
-
-    >>> without_credentials("http://me:s3cret@host/ds: unreachable")
-    'http://***@host/ds: unreachable'
-    """
-    return _USER_INFO.sub(r"\1***@", text)
 
 
 def join_url(url: str, name: str) -> str:

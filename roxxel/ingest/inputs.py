@@ -129,7 +129,8 @@ def _expand_one(arg: str, kind: InputKind | None, skipped: list[str]) -> list[In
         claimed = claimed or (directory_kind(arg) if kind is None else None)
         if claimed is not None:
             return claimed.inputs(arg)
-        return [i for f in _walk(arg, kind, skipped) for i in _expand_one(f, kind, skipped)]
+        # walked files are regular already: one stat each, not the checks of a named path
+        return [i for f in _walk(arg, kind, skipped) for i in _inputs_of(f, kind)]
     if not os.path.lexists(arg):
         if glob.has_magic(arg):
             matches = sorted(glob.glob(arg, recursive=True))
@@ -139,7 +140,11 @@ def _expand_one(arg: str, kind: InputKind | None, skipped: list[str]) -> list[In
         raise ConfigError(f"{arg}: no such file or directory (expected an input path or glob)")
     if why is not None:
         raise ConfigError(f"{arg}: {why} (expected a regular file)", path=arg)
-    return (kind or get_kind(detect_kind(arg))).inputs(arg)
+    return _inputs_of(arg, kind)
+
+
+def _inputs_of(path: str, kind: InputKind | None) -> list[Input]:
+    return (kind or get_kind(detect_kind(path))).inputs(path)
 
 
 def expand_inputs(

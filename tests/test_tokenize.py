@@ -257,6 +257,16 @@ def test_issue14_missing_extra_says_which_to_install(toks, tmp_path, monkeypatch
         load_tokenizer(str(tok))
 
 
+def test_issue14_a_tokenizers_too_old_for_the_extra_says_so(toks, tmp_path, monkeypatch):
+    """tokenizers before 0.21 has no encode_batch_fast: a ConfigError naming the extra, not
+    an AttributeError in the pack workers."""
+    import tokenizers
+
+    monkeypatch.setattr(tokenizers, "__version__", "0.19.1")
+    with pytest.raises(ConfigError, match=r"0\.19\.1.*>= 0\.21.*roxxel\[tokenizers\]"):
+        load_tokenizer(toks["hf"])
+
+
 def test_issue14_token_id_beyond_the_field_dtype_names_the_record(toks, tmp_path, capsys):
     src = _jsonl(tmp_path / "c.jsonl", ["a", "the quick brown fox " * 3])
     argv = [src, "-o", tmp_path / "ds", "--tokenizer", toks["hf"], "--field", "tokens:uint8[]"]

@@ -22,6 +22,7 @@ import hashlib
 import importlib
 import itertools
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -119,6 +120,11 @@ def _special(ids: dict[str, int], names: tuple[str, ...], configured: Any) -> in
 
 def _load_hf(path: str) -> Tokenizer:
     tokenizers = _import("tokenizers")
+    version = str(tokenizers.__version__)
+    if tuple(int(p) for p in re.findall(r"\d+", version)[:2]) < (0, 21):  # encode_batch_fast
+        raise ConfigError(
+            f"--tokenizer {path}: tokenizers {version} is too old (expected >= 0.21: {EXTRA})"
+        )
     try:
         tok = tokenizers.Tokenizer.from_file(path)
     except Exception as e:  # the Rust side raises plain Exception for a bad file

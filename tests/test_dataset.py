@@ -67,6 +67,32 @@ def test_get_batch_matches_records_and_reuses_buffers(dataset_dir) -> None:
         assert text == want["text"]
 
 
+def test_get_batch_gathers_small_and_large_fields_alike(tmp_path) -> None:
+    """Fields gathered below the GIL-holding size (fancy indexing) and above it (np.take into
+    the buffer) give the records, across shards, in the order asked, repeats included."""
+    from roxxel.format.column import HOLD_GIL_BYTES
+
+    rng = np.random.default_rng(0)
+    row = HOLD_GIL_BYTES // 16  # 16 rows of this field pass the threshold
+    big = rng.integers(0, 255, (64, row), dtype=np.uint8)
+    small = np.arange(64, dtype=np.int64) * 3
+    schema = roxxel.Schema.parse({"big": f"uint8[{row}]", "small": "int64"})
+    with roxxel.DatasetWriter(tmp_path / "ds", schema, shard_bytes=10 * row) as w:
+        for start in range(0, 64, 8):
+            w.write_batch({"big": big[start : start + 8], "small": small[start : start + 8]})
+    ds = roxxel.open_dataset(tmp_path / "ds")
+    assert ds.num_shards > 1
+    for idx in ([5, 63, 5, 0, 17], rng.integers(0, 64, 40).tolist()):
+        got = ds.get_batch(idx)
+        np.testing.assert_array_equal(got["big"], big[idx])
+        np.testing.assert_array_equal(got["small"], small[idx])
+        out = {"big": np.empty((len(idx), row), np.uint8), "small": np.empty(len(idx), np.int64)}
+        again = ds.get_batch(idx, out=out)
+        assert again["small"] is out["small"] and again["big"] is out["big"]
+        np.testing.assert_array_equal(out["small"], small[idx])
+        np.testing.assert_array_equal(out["big"], big[idx])
+
+
 def test_get_batch_selects_fields_and_pads_to_the_longest(dataset_dir) -> None:
     ds = roxxel.open_dataset(dataset_dir)
     batch = ds.get_batch([1, 4], fields=["tokens"])

@@ -107,9 +107,21 @@ def test_issue14_each_batch_draws_from_its_steps_stream(dataset):
         np.testing.assert_array_equal(got[step]["label"], plain[step]["label"] * 2)
 
 
-def test_issue14_host_rng_is_the_step_stream_of_before():
-    legacy = np.random.Generator(np.random.Philox(key=np.array([3, 4], dtype=np.uint64)))
-    assert host_rng(3, 4).integers(1 << 62) == legacy.integers(1 << 62)
+@pytest.mark.parametrize("seed, step", [(3, 4), (0, 0), (2**63 + 5, 10**12), (1, 2**62)])
+def test_issue14_host_rng_is_the_step_stream_of_before(seed, step):
+    """host_rng(seed, step) is Philox keyed (seed, step) from its first draw, whatever the
+    draws (64-bit, buffered 32-bit, floats), and two of them share nothing."""
+    key = np.array([seed, step], dtype=np.uint64)
+    legacy = np.random.Generator(np.random.Philox(key=key))
+    rng = host_rng(seed, step)
+    assert rng.integers(1 << 62) == legacy.integers(1 << 62)
+    np.testing.assert_array_equal(
+        rng.integers(9, size=5, dtype=np.uint32), legacy.integers(9, size=5, dtype=np.uint32)
+    )
+    np.testing.assert_array_equal(rng.normal(size=7), legacy.normal(size=7))
+    other = host_rng(seed, step)
+    rng.random(100)  # draws from one generator leave the next one's stream as it was
+    assert other.integers(1 << 62) == host_rng(seed, step).integers(1 << 62)
 
 
 def test_issue14_sharded_batches_equal_numpy_batches_with_host_threads(dataset):

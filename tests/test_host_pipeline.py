@@ -180,6 +180,24 @@ def test_issue14_a_transform_error_reaches_the_consumer_in_step_order(dataset):
     assert not _host_threads()
 
 
+def _forgets_to_return(batch, rng):
+    batch["image"] += 1  # no return: the common slip
+
+
+@pytest.mark.parametrize("threads", [None, 2])
+@pytest.mark.parametrize("sharded", [False, True])
+def test_issue14_a_host_transform_returning_none_is_an_error_not_the_end(dataset, threads, sharded):
+    """A transform without `return batch` used to end the stream silently (None was taken for
+    the end), or fail with an AttributeError when placed: a ConfigError naming the step."""
+    config = LoaderConfig(num_epochs=None, host_transform=_forgets_to_return, host_threads=threads)
+    sharding = (Mesh(np.array(jax.devices()), ("data",)), P("data")) if sharded else None
+    expected = r"host_transform returned NoneType at step 0.*return batch"
+    loader = Loader(dataset, 16, seed=7, sharding=sharding, config=config)
+    with loader, pytest.raises(ConfigError, match=expected):
+        next(loader)
+    assert not _host_threads()
+
+
 def test_issue14_a_loader_dropped_on_a_host_thread_neither_raises_nor_hangs(dataset):
     box = {}
 

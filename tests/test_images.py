@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import io
 import json
+import struct
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,14 @@ import pytest
 import roxxel
 from roxxel.cli import main
 from roxxel.errors import ConfigError
-from roxxel.ingest.images import ImageConfig, decode_image, folder_labels, parse_image_size
+from roxxel.ingest.images import (
+    ImageConfig,
+    decode_image,
+    folder_labels,
+    image_folder_inputs,
+    parse_image_size,
+)
+from roxxel.ingest.inputs import Input
 
 Image = pytest.importorskip("PIL.Image")
 ImageOps = pytest.importorskip("PIL.ImageOps")
@@ -52,7 +61,7 @@ def folder(tmp_path: Path) -> Path:
 
 
 def _reference(data: bytes, h: int, w: int, pad: bool = False) -> np.ndarray:
-    img = Image.open(io.BytesIO(data)).convert("RGB")
+    img = ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB")  # as HF decodes
     fit = ImageOps.pad if pad else ImageOps.fit
     return np.asarray(fit(img, (w, h), Image.Resampling.BILINEAR))
 
@@ -253,3 +262,194 @@ def test_issue14_a_bad_image_in_a_bytes_column_is_named_without_a_memory_address
     assert _pack(src, "-o", tmp_path / "ds", "--image-size", "8x8") == 1
     err = capsys.readouterr().err.strip()
     assert f"{src}: row 1" in err and "0x" not in err and "BytesIO" not in err
+
+
+_IMAGE_STRUCT = pa.struct([("bytes", pa.binary()), ("path", pa.string())])  # an HF ``Image``
+GRADIENT = np.arange(256, dtype=np.uint16).reshape(16, 16) * 257  # 0..65535, v >> 8 == index
+
+
+def _png16(values: np.ndarray, size: tuple[int, int] | None = None) -> bytes:
+    """A 16-bit PNG written by hand (Pillow writes no 16-bit RGB): grayscale for ``[H,W]``,
+    RGB for ``[H,W,3]``; ``size`` (width, height) puts another size in the header."""
+    height, width = values.shape[:2]
+    width, height = size or (width, height)
+    header = struct.pack(">IIBBBBB", width, height, 16, 0 if values.ndim == 2 else 2, 0, 0, 0)
+    rows = b"".join(b"\0" + row.astype(">u2").tobytes() for row in values)
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+        )
+
+    body = chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+    return b"\x89PNG\r\n\x1a\n" + body
+
+
+def _tiff(values: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(values).save(buf, "TIFF")
+    return buf.getvalue()
+
+
+def _parquet(tmp_path: Path, images: list[Any], image_type: Any = None) -> Path:
+    src = tmp_path / "imgs.parquet"
+    pq.write_table(pa.table({"image": pa.array(images, image_type)}), src)
+    return src
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("flags", [("--image-size", "8x8"), ("--keep-encoded",)])
+def test_a_decompression_bomb_is_a_bad_image_named_and_skippable(tmp_path, flags, capsys):
+    """A PNG whose header says 30000x30000 trips Pillow's decompression bomb check on open:
+    that was a traceback (``DecompressionBombError`` is no OSError), even with --skip-bad."""
+    bomb = _png16(np.zeros((1, 1), np.uint16), size=(30000, 30000))
+    src = _parquet(tmp_path, [_encoded("a.jpg", 0), bomb])
+    assert _pack(src, "-o", tmp_path / "ds", *flags) == 1
+    err = _one_line_error(capsys)
+    assert f"{src}: row 1" in err and "decompression bomb" in err
+    assert _pack(src, "-o", tmp_path / "ds", *flags, "--skip-bad") == 0
+    assert len(roxxel.open_dataset(tmp_path / "ds")) == 1
+
+
+def test_an_image_struct_whose_path_does_not_open_is_named_and_skippable(tmp_path, capsys):
+    """A ``{bytes: null, path}`` image whose file is missing stopped the pack with a bare
+    ``[Errno 2]`` naming neither the input nor the row, and --skip-bad did not skip it."""
+    missing = {"bytes": None, "path": "/nonexistent/x.png"}
+    src = _parquet(
+        tmp_path, [{"bytes": _encoded("a.jpg", 0), "path": None}, missing], _IMAGE_STRUCT
+    )
+    assert _pack(src, "-o", tmp_path / "ds", "--image-size", "8x8") == 1
+    err = _one_line_error(capsys)
+    assert f"{src}: row 1" in err and "'/nonexistent/x.png'" in err
+    assert _pack(src, "-o", tmp_path / "ds", "--image-size", "8x8", "--skip-bad") == 0
+    assert len(roxxel.open_dataset(tmp_path / "ds")) == 1
+
+
+def test_an_image_struct_relative_path_is_from_the_working_directory(tmp_path, monkeypatch):
+    """As HF datasets decodes an ``Image`` path: from the working directory, not the input's."""
+    data = _encoded("b.png", 1)
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "b.png").write_bytes(data)
+    (tmp_path / "meta").mkdir()
+    src = _parquet(tmp_path / "meta", [{"bytes": None, "path": "imgs/b.png"}], _IMAGE_STRUCT)
+    monkeypatch.chdir(tmp_path)
+    assert _pack(src, "-o", tmp_path / "ds", "--image-size", "8x8") == 0
+    got = roxxel.open_dataset(tmp_path / "ds")[0]["image"]
+    np.testing.assert_array_equal(got, _reference(data, 8, 8).transpose(2, 0, 1))
+
+
+def test_an_image_field_named_like_the_label_field_is_a_usage_error(folder, tmp_path, capsys):
+    """``--input-field label`` on class folders stored each label over its image (schema
+    ``label:int64`` alone); another name keeps both."""
+    argv = [folder, "-o", tmp_path / "ds", "--image-size", "8x8", "--skip-bad"]
+    assert _pack(*argv, "--input-field", "label") == 2
+    assert "--input-field label" in _one_line_error(capsys)
+    assert _pack(*argv, "--input-field", "pixels") == 0
+    ds = roxxel.open_dataset(tmp_path / "ds")
+    assert ds.schema.to_json() == {"pixels": "uint8[3,8,8]", "label": "int64"}
+    want = _reference((folder / "cat" / "a.jpg").read_bytes(), 8, 8).transpose(2, 0, 1)
+    np.testing.assert_array_equal(ds[0]["pixels"], want)
+
+
+@pytest.mark.parametrize("kind", ["png_gray", "png_rgb", "tiff_gray16", "tiff_int32"])
+def test_16_bit_images_keep_their_high_byte(kind):
+    """A 16-bit grayscale PNG or TIFF opens as mode ``I;16`` (32-bit ``I`` for an int32
+    TIFF) and ``convert("RGB")`` clipped it at 255: a 0..65535 gradient came out almost all
+    white. It maps as ``v >> 8``, as Pillow decodes a 16-bit RGB PNG itself (to ``RGB``)."""
+    rgb = np.stack([GRADIENT, GRADIENT.T, 65535 - GRADIENT], axis=2)
+    data = {
+        "png_gray": lambda: _png16(GRADIENT),
+        "png_rgb": lambda: _png16(rgb),
+        "tiff_gray16": lambda: _tiff(GRADIENT),
+        "tiff_int32": lambda: _tiff(GRADIENT.astype(np.int32)),
+    }[kind]()
+    want = (rgb if kind == "png_rgb" else np.stack([GRADIENT] * 3, axis=2)) >> 8
+    got = decode_image(data, ImageConfig(height=16, width=16, channels_last=True))
+    np.testing.assert_array_equal(got, want.astype(np.uint8))
+
+
+@pytest.mark.parametrize(
+    ("values", "mode"),
+    [
+        (np.linspace(0, 1, 16, dtype=np.float32).reshape(4, 4), "F"),
+        (np.array([[0, 70000]], np.int32), "I"),
+        (np.array([[-1, 5]], np.int32), "I"),
+    ],
+)
+def test_images_of_unknown_range_are_bad_images_naming_the_mode(tmp_path, values, mode, capsys):
+    """A float image, or 32-bit integers outside [0, 65535], has no known white: refused as a
+    bad image (``convert("RGB")`` clipped it), skippable."""
+    src = _parquet(tmp_path, [_encoded("a.jpg", 0), _tiff(values)])
+    assert _pack(src, "-o", tmp_path / "ds", "--image-size", "8x8") == 1
+    err = _one_line_error(capsys)
+    assert f"{src}: row 1" in err and f"mode {mode!r}" in err
+    assert _pack(src, "-o", tmp_path / "ds", "--image-size", "8x8", "--skip-bad") == 0
+    assert len(roxxel.open_dataset(tmp_path / "ds")) == 1
+
+
+def test_image_folder_inputs_pass_over_other_files_of_a_folder_with_images():
+    inputs = [
+        Input("photos/cat/a.jpg", "image"),
+        Input("photos/cat/README.txt", "text"),
+        Input("photos/labels.jsonl", "jsonl"),
+        Input("tables/t.parquet", "parquet"),
+        Input("extra.jsonl", "jsonl"),
+    ]
+    skipped: list[str] = []
+    kept = image_folder_inputs(["photos/", "tables"], inputs, skipped)
+    assert kept == [inputs[0], inputs[3], inputs[4]]
+    assert [line.split(":")[0] for line in skipped] == [
+        "photos/cat/README.txt",
+        "photos/labels.jsonl",
+    ]
+    assert "image folder" in skipped[0]
+
+
+def test_other_files_in_an_image_folder_are_passed_over_and_said(folder, tmp_path, capsys):
+    """``photos/cat/README.txt`` and ``photos/labels.jsonl`` were packed as text beside the
+    images, and the pack failed on the schema (``field 'text' is ambiguous``) naming no file."""
+    (folder / "cat" / "README.txt").write_text("cats\n")
+    (folder / "labels.jsonl").write_text('{"cat": 0}\n')
+    out = tmp_path / "ds"
+    assert main(["pack", str(folder), "-o", str(out), "--image-size", "8x8", "--skip-bad"]) == 0
+    err = capsys.readouterr().err
+    assert "README.txt: a text file in an image folder" in err and "labels.jsonl" in err
+    ds = roxxel.open_dataset(out)
+    files = sorted(p for p in folder.rglob("*") if p.suffix in (".jpg", ".png"))
+    assert len(ds) == len(files) - 1  # zz_bad.jpg skipped
+    want = _reference(files[0].read_bytes(), 8, 8).transpose(2, 0, 1)
+    np.testing.assert_array_equal(ds[0]["image"], want)
+
+
+def _exif_jpeg(orientation: int) -> bytes:
+    """A 40x20 JPEG whose EXIF says to show it turned (orientation 6: 90 degrees clockwise)."""
+    pixels = np.random.default_rng(orientation).integers(0, 256, (20, 40, 3), dtype=np.uint8)
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "JPEG", exif=exif)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("orientation", [6, 8])
+def test_exif_orientation_turns_the_image_before_the_fit(tmp_path, orientation):
+    """A photo stored 40x20 with EXIF orientation 6 shows 20x40: HF datasets and photo
+    pipelines apply ``ImageOps.exif_transpose``; the pack cropped it as stored. Kept encoded,
+    the bytes are the file's (the orientation tag with them)."""
+    data = _exif_jpeg(orientation)
+    got = decode_image(data, ImageConfig(height=8, width=8, channels_last=True))
+    np.testing.assert_array_equal(got, _reference(data, 8, 8))  # exif_transpose, then fit
+    turn = {6: Image.Transpose.ROTATE_270, 8: Image.Transpose.ROTATE_90}[orientation]
+    shown = Image.open(io.BytesIO(data)).convert("RGB").transpose(turn)
+    assert shown.size == (20, 40)
+    fit = ImageOps.fit(shown, (8, 8), Image.Resampling.BILINEAR)
+    np.testing.assert_array_equal(got, np.asarray(fit))
+    src = tmp_path / "x.jpg"
+    src.write_bytes(data)
+    assert _pack(src, "-o", tmp_path / "ds", "--keep-encoded") == 0
+    assert bytes(roxxel.open_dataset(tmp_path / "ds")[0]["image"]) == data

@@ -57,6 +57,18 @@ def write_megatron(prefix, seqs, dtype_code=4, dtype="<i4", version=1):
 # ---- JSON Lines and text -------------------------------------------------------------
 
 
+def test_issue14_a_file_named_twice_through_overlapping_inputs_is_read_once(tmp_path, monkeypatch):
+    """`roxxel pack ./docs docs/a` names docs/a twice: it is packed once, in its first place."""
+    (tmp_path / "docs" / "sub").mkdir(parents=True)
+    for name in ("a.jsonl", "sub/b.jsonl"):
+        (tmp_path / "docs" / name).write_text('{"text": "x"}\n')
+    monkeypatch.chdir(tmp_path)
+    found = expand_inputs(
+        ["./docs", "docs/a.jsonl", "docs/sub/../sub/b.jsonl", str(tmp_path / "docs")]
+    )
+    assert [os.path.normpath(i.path) for i in found] == ["docs/a.jsonl", "docs/sub/b.jsonl"]
+
+
 def test_jsonl_records_and_line_locations(tmp_path):
     path = _write_jsonl(tmp_path / "a.jsonl", [{"x": i, "t": [i] * i} for i in range(5)])
     got = _records([Input(path, "jsonl")])
@@ -204,6 +216,34 @@ def test_parquet_nulls_are_refused_with_row(tmp_path):
     pq.write_table(pa.table({"x": [1, None, 3]}), tmp_path / "n.parquet")
     with pytest.raises(ConfigError, match=r"field 'x': row 1: null"):
         _records(expand_inputs([str(tmp_path / "n.parquet")]))
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow"])
+def test_issue14_nulls_in_columns_the_pack_does_not_read_are_ignored(tmp_path, kind, capsys):
+    """Input fields the schema does not name are ignored (docs/cli.md), nulls in them too:
+    HF datasets carry nullable metadata columns. A null in a field it reads is refused."""
+    import roxxel
+    from roxxel.cli import main
+
+    table = pa.table(
+        {
+            "text": ["a", "bb", None],
+            "other": [1, None, 3],
+            "meta": pa.array([{"k": 1}, None, {"k": None}]),
+        }
+    )
+    path = tmp_path / f"t.{kind}"
+    if kind == "parquet":
+        pq.write_table(table, path)
+    else:
+        with pa.ipc.new_file(str(path), table.schema) as w:
+            w.write_table(table)
+    out = tmp_path / "ds"
+    assert main(["pack", str(path), "-o", str(out), "--field", "other:int64", "-q"]) == 1
+    assert "field 'other': row 1: null" in capsys.readouterr().err
+    argv = ["pack", str(path), "-o", str(out), "--field", "text:str", "--skip-bad", "-q"]
+    assert main(argv) == 0
+    assert [r["text"] for r in roxxel.open_dataset(out)] == ["a", "bb"]  # row 2's own null
 
 
 def test_arrow_file_and_stream(tmp_path):

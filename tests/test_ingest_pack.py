@@ -114,3 +114,32 @@ def test_a_map_naming_a_missing_function_is_a_config_error(tmp_path) -> None:
     with pytest.raises(ConfigError, match="has no 'absent'"):
         ingest_pack.load_map(spec)
     assert callable(ingest_pack.load_map(f"{tmp_path / 'usermap.py'}:present"))
+
+
+def test_issue14_roxxel_pack_refuses_bad_arguments_with_config_errors(tmp_path):
+    """`roxxel.pack` never exits the interpreter (argparse's SystemExit), never raises a bare
+    TypeError, and never touches what the caller passed (an int is not a file descriptor)."""
+    import os
+
+    src = tmp_path / "c.jsonl"
+    src.write_text("".join(json.dumps({"text": f"t{i}", "n": i}) + "\n" for i in range(5)))
+    out = tmp_path / "o"
+    bad = [
+        (([], out), {}, r"INPUT|inputs"),
+        ((src, out), {"workers": b"2"}, r"workers.*bytes"),
+        ((src, out), {"skip_bad": "yes"}, r"skip_bad.*True or False"),
+        ((src, out), {"shard_bytes": "64Q"}, r"64Q"),
+        ((src, out), {"workers": "two"}, r"two"),
+        ((src, out), {"field": [3.5]}, r"3\.5"),
+        (([src, None], out), {}, r"NoneType"),
+    ]
+    for (inputs, output), options, match in bad:
+        with pytest.raises(ConfigError, match=match):
+            roxxel.pack(inputs, output, **options)
+    with open(tmp_path / "log.txt", "w") as log:
+        with pytest.raises(roxxel.RoxxelError):
+            roxxel.pack(src, out, tokenizer=log.fileno())
+        os.fstat(log.fileno())  # still open
+    assert not (out / "manifest.json").exists()
+    roxxel.pack(src, out, field=["n:int64"], shard_bytes=4096, workers=1, int_dtype="int32")
+    assert [int(r["n"]) for r in roxxel.open_dataset(out)] == list(range(5))

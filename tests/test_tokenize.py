@@ -450,3 +450,183 @@ def test_issue14_pack_from_python_raises_what_the_command_reports(toks, tmp_path
     with pytest.raises(roxxel.RoxxelError, match=r"bad\.jsonl:2"):
         roxxel.pack(bad, tmp_path / "d", tokenizer=toks["hf"])
     assert not any((tmp_path / n / "manifest.json").exists() for n in "abcd")
+
+
+@pytest.mark.parametrize("spec", ["float16[]", "bool[]", "bfloat16[]", "float64[]"])
+def test_issue14_token_field_of_a_non_integer_dtype_is_refused_before_packing(
+    toks, tmp_path, capsys, spec
+):
+    """Token ids cast to float16 or bool were packed silently changed (2049 -> 2048, 7 ->
+    True): the token field must be an integer dtype, and that is checked before any work."""
+    src = _jsonl(tmp_path / "c.jsonl", _texts(5))
+    argv = [src, "-o", tmp_path / "ds", "--tokenizer", toks["hf"], "--field", f"tokens:{spec}"]
+    assert _pack(*argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"tokens:{spec}" in err and "integer" in err
+    assert not (tmp_path / "ds").exists()
+
+
+@pytest.mark.parametrize("spec", ["int32[4]", "int32[,2]", "int32", "str", "bytes"])
+def test_issue14_token_field_that_is_not_a_1d_variable_array_is_refused_before_packing(
+    toks, tmp_path, capsys, spec
+):
+    """`tokens:int32[4]` stopped in the worker with a TypeError traceback ("data type
+    'int32[4]' not understood"): a text's ids are one variable-length run, `int32[]`."""
+    src = _jsonl(tmp_path / "c.jsonl", _texts(5))
+    argv = [src, "-o", tmp_path / "ds", "--tokenizer", toks["hf"], "--field", f"tokens:{spec}"]
+    assert _pack(*argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"tokens:{spec}" in err and "int32[]" in err
+    assert not (tmp_path / "ds").exists()
+
+
+def test_issue14_field_flags_without_the_token_field_are_a_usage_error(toks, tmp_path, capsys):
+    """`--field url:str --keep-field url` packed only `url`: the token ids were dropped while
+    the manifest still named the tokenizer. --field gives the whole schema, so the token field
+    must be among it, as every kept field must."""
+    src = _jsonl(tmp_path / "c.jsonl", _texts(5))
+    argv = [src, "-o", tmp_path / "ds", "--tokenizer", toks["hf"], "--field", "url:str"]
+    assert _pack(*argv, "--keep-field", "url") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "--field tokens:uint16[]" in err
+    assert not (tmp_path / "ds").exists()
+
+
+def test_issue14_schema_file_without_the_token_field_is_refused(toks, tmp_path, capsys):
+    schema = tmp_path / "schema.toml"
+    schema.write_text('[fields]\nurl = "str"\n')
+    src = _jsonl(tmp_path / "c.jsonl", _texts(5))
+    argv = [src, "-o", tmp_path / "ds", "--tokenizer", toks["hf"], "--schema", schema]
+    assert _pack(*argv, "--keep-field", "url") == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert str(schema) in err and 'tokens = "uint16[]"' in err
+    assert not (tmp_path / "ds").exists()
+
+
+def test_issue14_schema_file_without_a_kept_field_is_refused(toks, tmp_path, capsys):
+    """As with --field: a --keep-field the schema file lacks was dropped silently."""
+    schema = tmp_path / "schema.toml"
+    schema.write_text('[fields]\ntokens = "uint16[]"\n')
+    src = _jsonl(tmp_path / "c.jsonl", _texts(5))
+    argv = [src, "-o", tmp_path / "ds", "--tokenizer", toks["hf"], "--schema", schema]
+    assert _pack(*argv, "--keep-field", "url") == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert str(schema) in err and "--keep-field url" in err
+    assert not (tmp_path / "ds").exists()
+
+
+def test_issue14_schema_file_token_dtype_is_the_one_recorded(toks, tmp_path, capsys):
+    """The manifest said `uint16` (the default) for ids packed as the schema file's `int32`."""
+    schema = tmp_path / "schema.toml"
+    schema.write_text('[fields]\ntokens = "int32[]"\nurl = "str"\n')
+    texts = _texts(10)
+    src, out = _jsonl(tmp_path / "c.jsonl", texts), tmp_path / "ds"
+    argv = [src, "-o", out, "--tokenizer", toks["hf"], "--schema", schema, "--keep-field", "url"]
+    assert _pack(*argv) == 0
+    ds = roxxel.open_dataset(out)
+    assert ds.schema.to_json() == {"tokens": "int32[]", "url": "str"}
+    assert ds[0]["tokens"].dtype == np.int32
+    assert ds.metadata["tokenizer"]["dtype"] == "int32"
+    capsys.readouterr()
+    assert main(["info", str(out)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("tokenizer:"))
+    assert "'tokens' int32" in line
+
+
+def _surrogate_map(tmp_path: Path) -> str:
+    """A --map that puts a lone surrogate (not valid Unicode) where a text says BAD."""
+    path = tmp_path / "surrogate.py"
+    path.write_text(
+        'def fn(record):\n    return {**record, "text": record["text"].replace("BAD", "\\ud800")}\n'
+    )
+    return f"{path}:fn"
+
+
+@pytest.mark.parametrize("kind", ["hf", "sp", "tiktoken"])
+def test_issue14_text_with_a_lone_surrogate_names_its_record(toks, tmp_path, capsys, kind):
+    """HF and SentencePiece raised a TypeError for the whole batch, tiktoken replaced the
+    character with U+FFFD: each now refuses the record, naming it (--skip-bad skips it)."""
+    texts = _texts(700)
+    texts[600] = "a BAD b"
+    src, out = _jsonl(tmp_path / "c.jsonl", texts), tmp_path / "ds"
+    argv = [src, "-o", out, "--tokenizer", toks[kind], "--map", _surrogate_map(tmp_path)]
+    assert _pack(*argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"{src}:601:" in err and "surrogate" in err and "'text'" in err
+    assert _pack(*argv, "--skip-bad") == 0
+    ds = roxxel.open_dataset(out)
+    assert len(ds) == 699
+    tok = load_tokenizer(str(toks[kind]))
+    kept = texts[:600] + texts[601:]
+    assert [ds[i]["tokens"].tolist() for i in range(len(ds))] == tok.encode_batch(kept)
+
+
+def test_issue14_tiktoken_ranks_without_every_single_byte_are_refused_at_load(tmp_path, capsys):
+    """Ranks lacking single bytes passed planning, then the worker panicked in tiktoken's
+    Rust code ("no entry found for key") on the first text holding such a byte."""
+    ranks = tmp_path / "ranks.tiktoken"
+    ranks.write_text("YQ== 0\nYg== 5\n")  # b"a" and b"b" only
+    with pytest.raises(ConfigError, match=r"ranks\.tiktoken.*byte-level BPE.*254 of the 256"):
+        load_tokenizer(str(ranks))
+    src = _jsonl(tmp_path / "c.jsonl", ["ab", "abc"])
+    assert _pack(src, "-o", tmp_path / "ds", "--tokenizer", ranks, "--eos-id", 0) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(ranks) in err
+
+
+def test_issue14_hf_text_that_spells_a_special_token_stays_text(toks, tmp_path):
+    """HF turned "</s>" written inside a document into the special id, SentencePiece and
+    tiktoken kept it as text; now all three do: specials come only from the flags."""
+    hf = tokenizers.Tokenizer.from_file(str(toks["hf"]))
+    hf.add_special_tokens(["</s>"])
+    path = tmp_path / "tok" / "tokenizer.json"
+    path.parent.mkdir()
+    hf.save(str(path))
+    eos, endoftext = hf.token_to_id("</s>"), hf.token_to_id("<|endoftext|>")
+    texts = ["the fox </s> over <|endoftext|> dog", "</s>"]
+    src, out = _jsonl(tmp_path / "c.jsonl", texts), tmp_path / "ds"
+    assert _pack(src, "-o", out, "--tokenizer", path, "--append-eos") == 0
+    ds = roxxel.open_dataset(out)
+    for i, text in enumerate(texts):
+        ids = ds[i]["tokens"].tolist()
+        assert ids[-1] == eos and eos not in ids[:-1] and endoftext not in ids
+        pieces = [hf.id_to_token(t) for t in ids[:-1]]
+        assert "".join(pieces).replace("Ġ", " ") == text
+    sp = load_tokenizer(str(toks["sp"])).encode_batch(["</s>"])[0]
+    assert spm.SentencePieceProcessor(model_file=str(toks["sp"])).eos_id() not in sp
+
+
+@pytest.mark.parametrize(
+    ("config", "flag", "token"),
+    [
+        ({"eos_token": "<eos>"}, "--append-eos", "<eos>"),
+        ({"eos_token": {"content": "<|im_end|>"}}, "--append-eos", "<|im_end|>"),
+        ({"bos_token": "<bos>"}, "--prepend-bos", "<bos>"),
+    ],
+)
+def test_issue14_tokenizer_config_special_missing_from_the_vocabulary_is_named(
+    toks, tmp_path, capsys, config, flag, token
+):
+    """An `eos_token` of tokenizer_config.json that the vocabulary lacks fell back to
+    `<|endoftext|>` silently; now the pack stops naming the file and the token, when the
+    token is used (not with --eos-id, not without the flag)."""
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    shutil.copy(toks["hf"], folder / "tokenizer.json")
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    src = _jsonl(tmp_path / "c.jsonl", _texts(5))
+    argv = [src, "-o", tmp_path / "ds", "--tokenizer", folder / "tokenizer.json"]
+    assert _pack(*argv, flag) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert str(folder / "tokenizer_config.json") in err and repr(token) in err
+    assert not (tmp_path / "ds").exists()
+    assert _pack(*argv) == 0
+    if flag == "--append-eos":
+        assert _pack(*argv, "--eos-id", 0, "--overwrite") == 0

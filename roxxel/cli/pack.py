@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from itertools import islice
 from pathlib import Path
+from typing import NoReturn
 
 from tqdm import tqdm
 
@@ -30,7 +31,13 @@ from roxxel.format.cache import CacheConfig, default_cache_dir
 from roxxel.format.remote import RemoteStore, is_url
 from roxxel.format.schema import Schema
 from roxxel.format.writer import parse_compress
-from roxxel.ingest.images import ImageConfig, folder_labels, parse_image_size, pillow
+from roxxel.ingest.images import (
+    ImageConfig,
+    folder_labels,
+    image_folder_inputs,
+    parse_image_size,
+    pillow,
+)
 from roxxel.ingest.inputs import (
     BadRecords,
     Input,
@@ -63,7 +70,13 @@ from roxxel.ingest.parts import (
     upload_unit,
 )
 from roxxel.ingest.pool import START_METHODS, UnitPool
-from roxxel.ingest.tokenize import TokenizeConfig, file_sha256, load_tokenizer, token_dtype
+from roxxel.ingest.tokenize import (
+    TokenizeConfig,
+    file_sha256,
+    load_tokenizer,
+    token_dtype,
+    token_field_dtype,
+)
 
 __all__ = ["add_merge_parser", "add_pack_parser", "pack"]
 
@@ -96,39 +109,68 @@ def pack(
     """`roxxel pack INPUTS -o OUTPUT` from Python, each option named as its flag
     (``--tokenizer PATH``: ``tokenizer=PATH``; ``--append-eos``: ``append_eos=True``;
     ``--field`` and ``--keep-field``, which repeat: a list; ``--shard-bytes 64M``:
-    ``shard_bytes="64M"`` or an int). It does exactly what the command does (docs/cli.md).
+    ``shard_bytes="64M"`` or an int). Values are strings, paths or numbers, True or False
+    for a switch; they are parsed as the command line parses them, and it does exactly what
+    the command does (docs/cli.md).
 
     >>> import roxxel
     >>> roxxel.pack(["corpus/*.jsonl"], "data/web", tokenizer="tok.json", append_eos=True)
     ... # doctest: +SKIP
 
     Raises:
-        ConfigError: an unknown option, or options the command line refuses.
+        ConfigError: an unknown option, a value of another type, or options the command
+            line refuses (never SystemExit).
         RoxxelError, OSError: bad input, as the command reports it (file, line, rule).
     """
     names = [inputs] if isinstance(inputs, str | os.PathLike) else list(inputs)
-    parser = argparse.ArgumentParser(prog="roxxel")
-    add_pack_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["pack", *(os.fspath(n) for n in names), "-o", os.fspath(output)])
-    flags = vars(args)  # every option's name, with its default
+    parser = _RaisingParser(prog="roxxel")
+    sub = parser.add_subparsers(dest="command")
+    add_pack_parser(sub)
+    actions = {a.dest: a for a in sub.choices["pack"]._actions}
+    argv = ["pack", f"--output={_option_text('output', output)}"]
     for name, value in options.items():
-        if name in ("inputs", "output", "func", "command") or name not in flags:
+        action = actions.get(name)
+        if action is None or name in ("inputs", "output", "help", "quiet"):
             raise ConfigError(
                 f"roxxel.pack: no option {name!r} (expected a `roxxel pack` flag's name,"
                 " dashes as underscores, e.g. tokenizer, append_eos, image_size)"
             )
-        if isinstance(flags[name], list) and isinstance(value, str | os.PathLike):
-            value = [value]  # a repeatable flag given once
-        if name in ("shard_bytes", "unit_bytes") and isinstance(value, str):
-            value = parse_size(value)
-        if isinstance(value, os.PathLike):
-            value = os.fspath(value)
-        setattr(args, name, list(value) if isinstance(value, list | tuple) else value)
-    args.quiet = quiet
+        flag = action.option_strings[-1]
+        if action.nargs == 0:  # --append-eos and the like
+            if not isinstance(value, bool):
+                raise ConfigError(f"roxxel.pack: {name}={value!r} (expected True or False)")
+            argv += [flag] if value else []
+            continue
+        repeats = isinstance(action.default, list)  # --field, --keep-field, --compress
+        values = list(value) if repeats and isinstance(value, list | tuple) else [value]
+        argv += [f"{flag}={_option_text(name, v)}" for v in values]
+    argv += ["-q"] if quiet else []
+    argv += ["--", *(_option_text("inputs", n) for n in names)]
+    args = parser.parse_args(argv)
     try:
         cmd_pack(args)
     except UsageError as e:
         raise ConfigError(f"roxxel.pack: {e}") from None
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    """An argument parser that raises ConfigError where the command would print its usage
+    and exit (`roxxel.pack` runs in the caller's interpreter)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"roxxel.pack: {message}")
+
+
+def _option_text(name: str, value: object) -> str:
+    """An option's value as the command line has it: text, a path, or a number."""
+    if isinstance(value, str | os.PathLike):
+        return str(os.fspath(value))
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    raise ConfigError(
+        f"roxxel.pack: {name}={value!r}: a {type(value).__name__}"
+        " (expected a string, a path or a number, or a list of them for a repeated flag)"
+    )
 
 
 def add_pack_parser(sub: argparse._SubParsersAction) -> None:
@@ -329,17 +371,17 @@ def _transformed(spec: dict[str, str], config: PackConfig) -> dict[str, str]:
 
 
 def _tokenize(args: argparse.Namespace) -> dict[str, object] | None:
-    """The --tokenizer settings, checked now (file, extra, special tokens), not in a worker."""
+    """The --tokenizer settings, checked now (file, extra, special tokens, the token field),
+    not in a worker."""
     if args.tokenizer is None:
         return None
     sha256 = file_sha256(args.tokenizer)
     tok = load_tokenizer(args.tokenizer, sha256)
-    given = parse_field_flags(args.field).get("tokens") if args.field else None
     highest = max(tok.vocab_size - 1, args.eos_id or 0)
     config = TokenizeConfig(
         path=args.tokenizer,
         sha256=sha256,
-        dtype=given.removesuffix("[]") if given else token_dtype(highest + 1),
+        dtype=_token_dtype(args, token_dtype(highest + 1)),
         text_field=args.text_field,
         append_eos=args.append_eos or args.eos_id is not None,
         prepend_bos=args.prepend_bos,
@@ -348,6 +390,36 @@ def _tokenize(args: argparse.Namespace) -> dict[str, object] | None:
     )
     config.specials(tok)
     return dataclasses.asdict(config)
+
+
+def _token_dtype(args: argparse.Namespace, default: str) -> str:
+    """The token dtype --field or --schema gives, else ``default``. Either gives the whole
+    schema, so one without the token field (or, for --schema, a kept field) is refused: the
+    field would be dropped."""
+    if not args.field and not args.schema:
+        return default
+    fields = parse_field_flags(args.field) if args.field else read_schema_toml(args.schema)
+    if "tokens" not in fields and args.field:
+        raise UsageError(
+            f"--field: no field 'tokens' for the --tokenizer ids (expected --field"
+            f" tokens:{default}[] too, since --field gives the whole schema)"
+        )
+    missing = [k for k in ("tokens", *args.keep_field) if k not in fields]
+    if missing:  # only --schema gets here: _check_args refused a --keep-field --field lacks
+        name = missing[0]
+        what, spec = (
+            ("'tokens' for the --tokenizer ids", f"{default}[]")
+            if name == "tokens"
+            else (f"for --keep-field {name}", "SPEC")
+        )
+        raise ConfigError(
+            f'{args.schema}: no field {what} (expected {name} = "{spec}" too, since --schema'
+            " gives the whole schema)",
+            path=args.schema,
+        )
+    spec = fields["tokens"]
+    where = f"--field tokens:{spec}" if args.field else f'{args.schema}: tokens = "{spec}"'
+    return token_field_dtype(spec, where)
 
 
 def _images(args: argparse.Namespace, inputs: list[Input]) -> dict[str, object] | None:
@@ -371,6 +443,11 @@ def _images(args: argparse.Namespace, inputs: list[Input]) -> dict[str, object] 
         keep_encoded=args.keep_encoded or not args.image_size,
         classes=folder_labels(folders, found),
     )
+    if config.classes and config.field == config.label_field:
+        raise UsageError(
+            f"--input-field {config.field}: the class folders' labels go to field "
+            f"{config.label_field!r} (expected another name for the image field)"
+        )
     pillow()  # a missing extra fails here, not in a worker
     return dataclasses.asdict(config)
 
@@ -405,6 +482,9 @@ def _fingerprint(args: argparse.Namespace, units: list[WorkUnit], config: PackCo
 def _config(args: argparse.Namespace, out_dir: str) -> tuple[PackConfig, list[WorkUnit]]:
     skipped: list[str] = []
     inputs = expand_inputs(args.inputs, args.format, skipped)
+    if args.image_size or args.keep_encoded:  # other files in an image folder: passed over
+        folders = [a for a in args.inputs if os.path.isdir(a)]
+        inputs = image_folder_inputs(folders, inputs, skipped)
     for line in skipped if not args.quiet else []:
         print(f"roxxel: skipped {line}", file=sys.stderr)
     units = shuffle_units(
@@ -422,12 +502,28 @@ def _config(args: argparse.Namespace, out_dir: str) -> tuple[PackConfig, list[Wo
         tokenize=_tokenize(args),
         images=_images(args, inputs),
     )
+    if config.tokenize is not None:  # its sample reads the text and kept fields only
+        config = _reading(args, config, {})
     schema, source = _schema(args, units, config)
     parse_compress(config.compress, Schema.parse(schema))  # fail now, not in a worker
     if not args.quiet:
         print(f"schema ({source}): " + ", ".join(f"{k}:{v}" for k, v in schema.items()))
-    config = dataclasses.replace(config, schema=schema)
+    config = _reading(args, dataclasses.replace(config, schema=schema), schema)
     return dataclasses.replace(config, fingerprint=_fingerprint(args, units, config)), units
+
+
+def _reading(args: argparse.Namespace, config: PackConfig, schema: dict[str, str]) -> PackConfig:
+    """``config`` reading only the input columns the pack uses: the schema's fields, the
+    text and kept fields of --tokenizer, the image field (all of them with --map, whose
+    function sees whole records)."""
+    names = set(schema)
+    if config.tokenize is not None:
+        tokenize = TokenizeConfig.from_json(config.tokenize)
+        names |= {tokenize.text_field, *tokenize.keep_fields}
+    if config.images is not None:
+        names.add(ImageConfig.from_json(config.images).field)
+    columns = None if args.map is not None else tuple(sorted(names))
+    return dataclasses.replace(config, read=dataclasses.replace(config.read, columns=columns))
 
 
 def cmd_pack(args: argparse.Namespace) -> int:

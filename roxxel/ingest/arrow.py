@@ -83,8 +83,9 @@ def read_parquet_blocks(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Ite
     meta = reader.metadata
     check_range(piece, meta.num_row_groups, "row group")
     first = sum(meta.row_group(g).num_rows for g in range(piece.start))
+    names = _wanted(reader.schema_arrow.names, opts)
     for g in range(piece.start, piece.stop):
-        for batch in reader.read_row_group(g).to_batches():
+        for batch in reader.read_row_group(g, columns=names).to_batches():
             yield from _batch_blocks(pa, batch, piece, first, opts, bad)
             first += batch.num_rows
 
@@ -128,8 +129,16 @@ def read_arrow_blocks(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Itera
         first = sum(reader.get_batch(b).num_rows for b in range(piece.start))
         batches = (reader.get_batch(b) for b in range(piece.start, piece.stop))
     for batch in batches:
-        yield from _batch_blocks(pa, batch, piece, first, opts, bad)
+        names = _wanted(batch.schema.names, opts)
+        yield from _batch_blocks(
+            pa, batch if names is None else batch.select(names), piece, first, opts, bad
+        )
         first += batch.num_rows
+
+
+def _wanted(names: list[str], opts: ReadOptions) -> list[str] | None:
+    """The columns of ``names`` to read (``opts.columns``), or None for all."""
+    return None if opts.columns is None else [n for n in names if n in opts.columns]
 
 
 def _batch_blocks(

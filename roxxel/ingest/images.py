@@ -3,11 +3,14 @@
 Inputs: image files (an ImageFolder-style tree: ``root/<class>/.../file.jpg``, labels from
 the class folder names sorted), or a column of image bytes in Parquet / Arrow / an HF
 ``save_to_disk`` dataset (an HF ``Image`` column is a ``{bytes, path}`` struct). Pack
-workers decode with Pillow (imported only then: the extra ``roxxel[images]``), convert to
-RGB, center-crop to the target's aspect ratio and resize (``ImageOps.fit``; or, with
-``pad``, resize inside and pad with black: ``ImageOps.pad``), and store ``uint8[3,H,W]``
-(``[H,W,3]`` with ``channels_last``); ``keep_encoded`` stores the file's bytes after checking they decode. An
-image that does not decode is named (file, or file and row) and skipped with --skip-bad.
+workers decode with Pillow (imported only then: the extra ``roxxel[images]``), turn it as
+its EXIF orientation says (``ImageOps.exif_transpose``, as HF datasets does), convert to
+RGB (16-bit integers by their high byte), center-crop to the target's aspect ratio and
+resize (``ImageOps.fit``; or, with ``pad``, resize inside and pad with black:
+``ImageOps.pad``), and store ``uint8[3,H,W]`` (``[H,W,3]`` with ``channels_last``);
+``keep_encoded`` stores the file's bytes after checking they decode. An image that does not
+decode (or is refused: a decompression bomb, floats, a path that does not open) is named
+(file, or file and row) and skipped with --skip-bad.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from roxxel.errors import ConfigError
-from roxxel.ingest.units import BadRecords, InputKind, Piece, ReadOptions, Record
+from roxxel.ingest.units import BadRecords, Input, InputKind, Piece, ReadOptions, Record
 
 __all__ = [
     "IMAGE",
@@ -33,6 +36,7 @@ __all__ = [
     "ImageConfig",
     "decode_image",
     "folder_labels",
+    "image_folder_inputs",
     "image_records",
     "parse_image_size",
     "pillow",
@@ -44,6 +48,11 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".
 MAX_SIDE = 1 << 14
 _IN_MEMORY = re.compile(r" ?<_io\.BytesIO object at 0x[0-9a-fA-F]+>")
 Located = tuple[Record, Piece, int]
+SIXTEEN_BIT_MAX = 0xFFFF
+
+
+class _Refused(ValueError):
+    """An image value refused by a rule of ours, not Pillow's: its message is whole."""
 
 
 def pillow() -> ModuleType:
@@ -103,6 +112,35 @@ def folder_labels(directories: list[str], files: list[str]) -> dict[str, int]:
     return {folder: names.index(name) for folder, name in sorted(classes.items())}
 
 
+def image_folder_inputs(
+    directories: list[str], inputs: list[Input], skipped: list[str]
+) -> list[Input]:
+    """The inputs of an image pack: in a directory argument that holds image files (an image
+    folder), the other files (``README.txt``, ``labels.jsonl``) are passed over like files
+    of unknown extensions, each described in ``skipped``. Other inputs are kept. Work per
+    file: string operations only.
+
+    >>> skipped = []
+    >>> found = [Input("photos/a/x.jpg", "image"), Input("photos/notes.txt", "text")]
+    >>> [i.path for i in image_folder_inputs(["photos"], found, skipped)], len(skipped)
+    (['photos/a/x.jpg'], 1)
+    """
+    roots = [os.path.normpath(d) + os.sep for d in directories]
+    norms = [os.path.normpath(i.path) for i in inputs]
+    images = [n for n, i in zip(norms, inputs, strict=True) if i.kind == IMAGE.name]
+    folders = tuple(r for r in roots if any(n.startswith(r) for n in images))
+    kept: list[Input] = []
+    for norm, item in zip(norms, inputs, strict=True):
+        if item.kind == IMAGE.name or not norm.startswith(folders):
+            kept.append(item)
+        else:
+            skipped.append(
+                f"{item.path}: a {item.kind} file in an image folder (expected an image: "
+                f"{', '.join(IMAGE_EXTENSIONS)})"
+            )
+    return kept
+
+
 @dataclass(frozen=True, slots=True)
 class ImageConfig:
     """How a pack turns images into arrays: plain values (they travel to workers as JSON).
@@ -154,21 +192,47 @@ class ImageConfig:
 
 
 def decode_image(data: bytes, config: ImageConfig) -> np.ndarray:
-    """Pixels of an encoded image, RGB, fit to the size: Pillow's ``ImageOps.fit`` (center
-    crop to the aspect ratio, then a bilinear resize), or ``ImageOps.pad`` (resize inside,
-    pad with black) with ``config.pad``.
+    """Pixels of an encoded image, turned as its EXIF orientation says (Pillow's
+    ``ImageOps.exif_transpose``, as HF datasets decodes), RGB (see ``_rgb``), fit to the
+    size: Pillow's ``ImageOps.fit`` (center crop to the aspect ratio, then a bilinear
+    resize), or ``ImageOps.pad`` (resize inside, pad with black) with ``config.pad``.
 
-    Raises OSError / ValueError (Pillow's) when the bytes do not decode.
+    Raises OSError / ValueError (Pillow's) when the bytes do not decode, ValueError for
+    pixels without a known range (``_rgb``), ``DecompressionBombError`` for a size over
+    Pillow's limit.
     """
     image_mod = pillow()
     ops = importlib.import_module("PIL.ImageOps")
     size, method = (config.width, config.height), image_mod.Resampling.BILINEAR
     with image_mod.open(io.BytesIO(data)) as img:
         img.load()
-        rgb = img if img.mode == "RGB" else img.convert("RGB")  # convert would copy RGB
+        ops.exif_transpose(img, in_place=True)  # in place: no copy without an orientation
+        rgb = _rgb(img, image_mod)
         fitted = ops.pad(rgb, size, method) if config.pad else ops.fit(rgb, size, method)
     pixels = np.asarray(fitted, dtype=np.uint8)
     return pixels if config.channels_last else np.ascontiguousarray(pixels.transpose(2, 0, 1))
+
+
+def _rgb(img: Any, image_mod: ModuleType) -> Any:
+    """An image as RGB: 8-bit modes as Pillow converts them; 16-bit integers (modes
+    ``I;16*``, and ``I`` with values in [0, 65535]: older Pillows open a 16-bit PNG as
+    ``I``) by their high byte, ``v >> 8``, as Pillow reads a 16-bit RGB PNG itself.
+
+    Raises ``_Refused`` (a ValueError) for floats (``F``) and ``I`` values outside
+    [0, 65535]: their white is unknown, and ``convert`` would clip them at 255.
+    """
+    if img.mode == "RGB":
+        return img  # convert would copy it
+    if img.mode not in ("I", "F") and not img.mode.startswith("I;16"):
+        return img.convert("RGB")
+    low, high = img.getextrema()
+    if img.mode == "F" or low < 0 or high > SIXTEEN_BIT_MAX:
+        raise _Refused(
+            f"an image of mode {img.mode!r} (values in [{low}, {high}], expected 8-bit modes or "
+            f"integers in [0, {SIXTEEN_BIT_MAX}]: the white of other values is unknown)"
+        )
+    high_bytes = (np.asarray(img) >> 8).astype(np.uint8)
+    return image_mod.fromarray(high_bytes).convert("RGB")
 
 
 def _check_decodes(data: bytes) -> None:
@@ -177,16 +241,39 @@ def _check_decodes(data: bytes) -> None:
 
 
 def _image_bytes(value: Any) -> bytes | None:
-    """An image value's encoded bytes: bytes, or an HF ``Image`` struct (bytes, else path)."""
+    """An image value's encoded bytes: bytes, or an HF ``Image`` struct (bytes, else the
+    file at path; a relative path is from the working directory, as HF datasets opens it).
+
+    Raises ``_Refused`` when the path does not open."""
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value)
     if isinstance(value, dict):
         if isinstance(value.get("bytes"), bytes):
             return value["bytes"]
-        if isinstance(value.get("path"), str):
-            with open(value["path"], "rb") as f:
-                return f.read()
+        path = value.get("path")
+        if isinstance(path, str):
+            try:
+                with open(path, "rb") as f:
+                    return f.read()
+            except OSError as e:
+                where = "" if os.path.isabs(path) else f"; from the working directory {os.getcwd()}"
+                raise _Refused(
+                    f"image path {path!r} does not open ({e.strerror or e}, expected a readable "
+                    f"file{where})"
+                ) from None
     return None
+
+
+def _image_value(record: Record, config: ImageConfig) -> Any:
+    """What a record's image field stores: pixels, or the encoded bytes checked to decode."""
+    data = _image_bytes(record.get(config.field))
+    if data is None:
+        found = "missing" if config.field not in record else type(record[config.field]).__name__
+        raise _Refused(f"not a decodable image ({found}, expected image bytes)")
+    if config.keep_encoded:
+        _check_decodes(data)
+        return data
+    return decode_image(data, config)
 
 
 def image_records(
@@ -198,23 +285,17 @@ def image_records(
 ) -> Iterator[Located]:
     """Records with their image field decoded to pixels (or checked, kept encoded), and the
     class label of an image file added. An image that does not decode raises ConfigError
-    naming its file (and row); with ``skip_bad`` it is counted in ``bad`` instead."""
+    naming its file (and row); with ``skip_bad`` it is counted in ``bad`` instead. So is an
+    image refused: a decompression bomb (a size over Pillow's limit), pixels of unknown range,
+    an ``Image`` struct's path that does not open."""
+    bomb = pillow().DecompressionBombError  # no OSError: raised on open, for the header's size
     for record, piece, key in records:
-        data = _image_bytes(record.get(config.field))
         try:
-            if data is None:
-                found = (
-                    "missing" if config.field not in record else type(record[config.field]).__name__
-                )
-                raise ValueError(f"{found}, expected image bytes")
-            if config.keep_encoded:
-                _check_decodes(data)
-                value: Any = data
-            else:
-                value = decode_image(data, config)
-        except (OSError, ValueError, SyntaxError) as e:  # PIL raises all three on bad data
+            value = _image_value(record, config)
+        except (OSError, ValueError, SyntaxError, bomb) as e:  # PIL raises these on bad data
             why = _IN_MEMORY.sub("", str(e))  # PIL names a BytesIO by its address
-            message = f"{locate(piece, key)}: field {config.field!r}: not a decodable image ({why})"
+            what = why if isinstance(e, _Refused) else f"not a decodable image ({why})"
+            message = f"{locate(piece, key)}: field {config.field!r}: {what}"
             if not skip_bad:
                 raise ConfigError(message, path=piece.path) from None
             bad.add(message)

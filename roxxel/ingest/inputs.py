@@ -152,20 +152,21 @@ def expand_inputs(
 ) -> list[Input]:
     """Resolve files, directories (walked in sorted order) and globs to inputs.
 
-    Duplicates keep their first place. Only regular files are read: a FIFO, a device or a
+    A file named twice (``docs`` and ``docs/a.jsonl``, or ``./a`` and ``a``) is read once,
+    in its first place. Only regular files are read: a FIFO, a device or a
     symlink loop found in a directory is passed over and described in ``skipped`` (when
     given); one named explicitly raises ConfigError. Raises ConfigError for a missing path,
     an empty glob, an unknown extension (without ``kind``), or when nothing is found.
     """
     chosen = None if kind is None else get_kind(kind)
     passed_over = [] if skipped is None else skipped
-    seen: dict[Input, None] = {}
+    seen: dict[str, Input] = {}  # by absolute path: "./docs" and "docs/a" name one file
     for arg in args:
         for item in _expand_one(arg, chosen, passed_over):
-            seen.setdefault(item, None)
+            seen.setdefault(os.path.abspath(item.path), item)
     if not seen:
         raise ConfigError(f"inputs {args}: no input files found (expected known extensions)")
-    return list(seen)
+    return list(seen.values())
 
 
 def cut_units(inputs: list[Input], unit_bytes: int) -> list[WorkUnit]:

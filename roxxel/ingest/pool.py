@@ -243,7 +243,9 @@ def _config_json(config: PackConfig) -> str:
 
 def _config_from_json(text: str) -> PackConfig:
     doc = json.loads(text)
-    return PackConfig(**{**doc, "read": ReadOptions(**doc["read"])})
+    read = doc["read"]
+    columns = None if read["columns"] is None else tuple(read["columns"])
+    return PackConfig(**{**doc, "read": ReadOptions(**{**read, "columns": columns})})
 
 
 def _result_from_json(doc: dict[str, Any]) -> UnitResult:

@@ -10,8 +10,10 @@ encodes a work unit's texts in batches (``encode_batch``), so the tokenizer runs
 worker at once; within `cores_shared`, each process's tokenizer uses only its share of the
 cores (all three libraries default to a thread per core in every process). A record ``{text_field: str, ...}`` becomes ``{field: ids, kept...}`` with
 the ids as an array of the token dtype: the smallest unsigned type that holds the
-vocabulary (`token_dtype`) unless the schema says otherwise. Special tokens are never added
-by the tokenizer itself; ``append_eos`` / ``prepend_bos`` add the tokenizer's own.
+vocabulary (`token_dtype`) unless the schema says otherwise (an integer dtype,
+`token_field_dtype`). Special tokens are never added by the tokenizer itself, and a
+document's text that spells one (``</s>``, ``<|endoftext|>``) is encoded as text by all
+three libraries; ``append_eos`` / ``prepend_bos`` add the tokenizer's own.
 """
 
 from __future__ import annotations
@@ -43,11 +45,13 @@ __all__ = [
     "file_sha256",
     "load_tokenizer",
     "token_dtype",
+    "token_field_dtype",
     "tokenize_records",
     "tokenizer_kind",
 ]
 
 BATCH_TEXTS = 512  # texts per encode_batch call
+INTEGER_DTYPES = ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64")
 EXTRA = "pip install 'roxxel[tokenizers]'"
 # GPT-2's pre-tokenizer split, the one tiktoken's own r50k/p50k encodings use
 TIKTOKEN_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -90,6 +94,24 @@ def token_dtype(vocab_size: int) -> str:
     return "uint16" if vocab_size <= 1 << 16 else "uint32"
 
 
+def token_field_dtype(spec: str, where: str) -> str:
+    """The dtype of a token field's spec, which must be ``<integer dtype>[]``: a text's ids
+    are whole numbers (a float or bool would change them), any number of them.
+
+    >>> token_field_dtype("int32[]", "--field tokens:int32[]")
+    'int32'
+
+    Raises ConfigError naming ``where`` for any other spec (``float16[]``, ``int32[4]``).
+    """
+    dtype = spec.removesuffix("[]")
+    if spec.endswith("[]") and dtype in INTEGER_DTYPES:
+        return dtype
+    raise ConfigError(
+        f"{where}: not a token field ({spec}, expected a variable-length integer field such "
+        f"as uint16[] or int32[]: a text's ids are whole numbers, any number of them)"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Tokenizer:
     """A loaded tokenizer: batch encoding and its own special tokens (None: it has none)."""
@@ -99,6 +121,9 @@ class Tokenizer:
     encode_batch: Callable[[list[str]], list[list[int]]]
     eos_id: int | None
     bos_id: int | None
+    # why eos_id / bos_id is None when the tokenizer names a token its vocabulary lacks
+    eos_missing: str | None = None
+    bos_missing: str | None = None
 
 
 def _import(name: str) -> Any:
@@ -110,12 +135,21 @@ def _import(name: str) -> Any:
         ) from None
 
 
-def _special(ids: dict[str, int], names: tuple[str, ...], configured: Any) -> int | None:
+def _special(
+    ids: dict[str, int], names: tuple[str, ...], config: dict[str, Any], key: str, where: str
+) -> tuple[int | None, str | None]:
+    """A special token's id: the one ``key`` of tokenizer_config.json (``where``) names, else
+    the first of ``names`` in the vocabulary; (None, why) when the config names a token the
+    vocabulary lacks (an error only if the token is asked for: see `TokenizeConfig.specials`).
+    """
+    configured = config.get(key)
     if isinstance(configured, dict):  # tokenizer_config.json: {"content": "</s>", ...}
         configured = configured.get("content")
-    if isinstance(configured, str) and configured in ids:
-        return ids[configured]
-    return next((ids[n] for n in names if n in ids), None)
+    if isinstance(configured, str):
+        if configured in ids:
+            return ids[configured], None
+        return None, f"{where}: {key} {configured!r} is not a token of the tokenizer"
+    return next((ids[n] for n in names if n in ids), None), None
 
 
 def _load_hf(path: str) -> Tokenizer:
@@ -131,6 +165,9 @@ def _load_hf(path: str) -> Tokenizer:
         raise ConfigError(
             f"--tokenizer {path}: not an HF tokenizer.json ({e})", path=path
         ) from None
+    # a document's "</s>" is text, as in SentencePiece and tiktoken: specials come only from
+    # append_eos / prepend_bos
+    tok.encode_special_tokens = True
     extra: dict[str, Any] = {}
     beside = os.path.join(os.path.dirname(path), "tokenizer_config.json")
     if os.path.isfile(beside):
@@ -143,13 +180,10 @@ def _load_hf(path: str) -> Tokenizer:
         # the same ids as encode_batch, without the character offsets nobody here reads
         return [e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
 
-    return Tokenizer(
-        "hf",
-        tok.get_vocab_size(with_added_tokens=True),
-        encode,
-        _special(ids, _EOS_NAMES, extra.get("eos_token")),
-        _special(ids, _BOS_NAMES, extra.get("bos_token")),
-    )
+    eos, eos_missing = _special(ids, _EOS_NAMES, extra, "eos_token", beside)
+    bos, bos_missing = _special(ids, _BOS_NAMES, extra, "bos_token", beside)
+    size = tok.get_vocab_size(with_added_tokens=True)
+    return Tokenizer("hf", size, encode, eos, bos, eos_missing, bos_missing)
 
 
 def _load_sentencepiece(path: str) -> Tokenizer:
@@ -191,8 +225,17 @@ def _load_tiktoken(path: str) -> Tokenizer:
             f"'<base64 token> <rank>', or a .json / .model tokenizer)",
             path=path,
         ) from None
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:  # tiktoken panics on the first text holding such a byte
+        raise ConfigError(
+            f"--tokenizer {path}: not a byte-level BPE ({len(missing)} of the 256 single bytes "
+            f"have no rank, e.g. {bytes(missing[:1])!r}; expected all 256, so any text encodes)",
+            path=path,
+        )
 
     def encode(texts: list[str]) -> list[list[int]]:
+        for text in texts:  # tiktoken would encode a lone surrogate as U+FFFD: refuse it
+            text.encode("utf-8")
         return enc.encode_ordinary_batch(texts, num_threads=_THREADS[-1] if _THREADS else 1)
 
     return Tokenizer("tiktoken", int(enc.n_vocab), encode, None, None)
@@ -299,6 +342,11 @@ class TokenizeConfig:
     keep_fields: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.dtype not in INTEGER_DTYPES:
+            raise ConfigError(
+                f"token dtype: {self.dtype!r} (expected an integer dtype: "
+                f"{', '.join(INTEGER_DTYPES)})"
+            )
         if self.eos_id is not None:
             check_int("--eos-id", self.eos_id, low=0)
         if self.out_field in self.keep_fields:
@@ -314,11 +362,11 @@ class TokenizeConfig:
         """(ids before, ids after) every text; raises ConfigError when one is missing."""
         eos = self.eos_id if self.eos_id is not None else tok.eos_id
         if self.append_eos and eos is None:
-            raise ConfigError(
-                f"--append-eos: {self.path} has no EOS token (expected one, or pass --eos-id N)"
-            )
+            why = tok.eos_missing or f"{self.path} has no EOS token"
+            raise ConfigError(f"--append-eos: {why} (expected one, or pass --eos-id N)")
         if self.prepend_bos and tok.bos_id is None:
-            raise ConfigError(f"--prepend-bos: {self.path} has no BOS token (expected one)")
+            why = tok.bos_missing or f"{self.path} has no BOS token"
+            raise ConfigError(f"--prepend-bos: {why} (expected one)")
         before = [tok.bos_id] if self.prepend_bos and tok.bos_id is not None else []
         return before, [eos] if self.append_eos and eos is not None else []
 
@@ -351,26 +399,31 @@ def tokenize_records(
 ) -> Iterator[Located]:
     """Records with their text replaced by token ids, encoded ``BATCH_TEXTS`` at a time.
 
-    A record whose text field is missing or not a string raises ConfigError naming its
-    file and line or row (skipped and counted in ``bad`` with ``skip_bad``); so does one
-    lacking a kept field or holding an id the dtype cannot.
+    A record whose text field is missing, not a string or not valid Unicode (a lone
+    surrogate) raises ConfigError naming its file and line or row (skipped and counted in
+    ``bad`` with ``skip_bad``); so does one lacking a kept field. One holding an id the
+    dtype cannot raises ConfigError naming it.
     """
     tok = load_tokenizer(config.path, config.sha256)
-    before, after = config.specials(tok)
+    specials = config.specials(tok)
+
+    def refuse(where: Where, why: str) -> None:
+        message = f"{locate(*where)}: {why}"
+        if not skip_bad:
+            raise ConfigError(message)
+        bad.add(message)
+
     batch: list[Located] = []
     for located in records:
         why = _refusal(located[0], config)
         if why is not None:
-            message = f"{locate(located[1], located[2])}: {why}"
-            if not skip_bad:
-                raise ConfigError(message)
-            bad.add(message)
+            refuse(located[1:], why)
             continue
         batch.append(located)
         if len(batch) >= BATCH_TEXTS:
-            yield from _encoded(batch, tok, config, (before, after), locate)
+            yield from _encoded(_encode(batch, tok, config, refuse), config, specials, locate)
             batch = []
-    yield from _encoded(batch, tok, config, (before, after), locate)
+    yield from _encoded(_encode(batch, tok, config, refuse), config, specials, locate)
 
 
 def _refusal(record: Record, config: TokenizeConfig) -> str | None:
@@ -382,25 +435,63 @@ def _refusal(record: Record, config: TokenizeConfig) -> str | None:
     return f"--keep-field {missing}: missing (expected in every record)" if missing else None
 
 
-def _encoded(
+def _encode(
     batch: list[Located],
     tok: Tokenizer,
+    config: TokenizeConfig,
+    refuse: Callable[[Where, str], None],
+) -> tuple[list[Located], list[list[int]]]:
+    """The batch's records that encode, with their ids.
+
+    Text that is not valid Unicode (a lone surrogate, which a --map can make) fails the whole
+    batch: HF and SentencePiece raise TypeError, tiktoken's ``encode`` UnicodeEncodeError.
+    Only then is each text checked, the bad ones refused and the others encoded again.
+    """
+    texts = [r[config.text_field] for r, _, _ in batch]
+    try:
+        return batch, (tok.encode_batch(texts) if texts else [])
+    except (TypeError, UnicodeEncodeError):
+        whys = _not_unicode(texts, config.text_field)
+        if not whys:
+            raise
+    for i, why in whys.items():
+        refuse(batch[i][1:], why)
+    kept = [located for i, located in enumerate(batch) if i not in whys]
+    return kept, (tok.encode_batch([r[config.text_field] for r, _, _ in kept]) if kept else [])
+
+
+def _not_unicode(texts: list[str], field: str) -> dict[int, str]:
+    """Why each text UTF-8 cannot encode is refused, by its index in ``texts``."""
+    whys: dict[int, str] = {}
+    for i, text in enumerate(texts):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            whys[i] = (
+                f"field {field!r}: a lone surrogate {text[e.start]!r} at character {e.start} "
+                f"(expected valid Unicode text, which UTF-8 encodes)"
+            )
+    return whys
+
+
+def _encoded(
+    encoded: tuple[list[Located], list[list[int]]],
     config: TokenizeConfig,
     specials: tuple[list[int], list[int]],
     locate: Callable[[Piece, int], str],
 ) -> Iterator[Located]:
     """The batch's records with their token ids: one array for the whole batch (one
     conversion from Python ints, one range check), each record's ids a view of it."""
+    batch, rows = encoded
     if not batch:
         return
     before, after = specials
-    rows = tok.encode_batch([r[config.text_field] for r, _, _ in batch])
     if before or after:
         rows = [before + row + after for row in rows]
     ends = np.cumsum(np.fromiter(map(len, rows), np.int64, len(rows)))
     flat = np.fromiter(itertools.chain.from_iterable(rows), np.int64, int(ends[-1]))
-    dtype = np.dtype(config.dtype)
-    if dtype.kind in "iu" and flat.size and int(flat.max()) > np.iinfo(dtype).max:
+    dtype = np.dtype(config.dtype)  # an integer dtype: TokenizeConfig checks it
+    if flat.size and int(flat.max()) > np.iinfo(dtype).max:
         at = int(np.argmax(flat > np.iinfo(dtype).max))
         _, piece, key = batch[int(np.searchsorted(ends, at, "right"))]
         raise ConfigError(

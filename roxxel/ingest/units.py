@@ -185,10 +185,13 @@ class ReadOptions:
         field: field name for input kinds whose records have one unnamed value (npy rows, text
             lines or files, megatron sequences); None means the kind's default.
         skip_bad: skip malformed records (counted in ``BadRecords``) instead of raising.
+        columns: the only columns a table input (Parquet, Arrow, HF) is read for, so nulls
+            and types of the others do not matter; None: every column.
     """
 
     field: str | None = None
     skip_bad: bool = False
+    columns: tuple[str, ...] | None = None
 
     def field_for(self, default: str) -> str:
         return self.field or default

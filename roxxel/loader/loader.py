@@ -164,7 +164,8 @@ def host_rng(seed: int, step: int) -> np.random.Generator:
     # lets go of the GIL, each step): the same state is set from a fixed seed sequence
     bits = np.random.Philox(_NO_ENTROPY)
     key = np.array([seed, step], dtype=np.uint64)
-    bits.state = {**_PHILOX_START, "state": {"counter": _ZEROS4, "key": key}}
+    state = {**_PHILOX_START, "state": {"counter": _ZEROS4, "key": key}}
+    bits.state = state  # pyright: ignore[reportAttributeAccessIssue]  (numpy documents the setter)
     return np.random.Generator(bits)
 
 
@@ -501,6 +502,11 @@ class _Assembler:
         fn = self._config.host_transform
         if fn is not None:
             host = fn(host, host_rng(self._seed, step))
+            if not isinstance(host, Mapping):
+                raise ConfigError(
+                    f"loader: host_transform returned {type(host).__name__} at step {step}"
+                    " (expected the batch, a dict of arrays: does it end with `return batch`?)"
+                )
         if cold:  # cold pages: keep reading ahead for a while
             self._cold_until = step + 1 + _COLD_STEPS * self._config.readahead
         self._lap("transform", began)

@@ -13,12 +13,14 @@ import gc
 import json
 import os
 import pickle
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from pathlib import Path
 
@@ -408,6 +410,159 @@ def test_fetching_ahead_never_evicts_what_was_fetched_ahead_and_not_used(local, 
     assert cache.num_fetched == len(published) < dataset.num_shards  # none fetched, then lost
     assert cache.cached_bytes() <= 2 * largest
     assert _labels(dataset) == list(range(NUM_RECORDS))
+
+
+def test_issue15_a_shard_held_while_the_cache_limit_releases_it_still_reads(local, tmp_path):
+    """Under cache_limit_bytes the dataset lets go of its least recently used mappings. It
+    used to close the Shard object too, which another thread (or `dataset.shards`) still
+    held: its records read as {} silently, a gather as KeyError. Held shards keep reading."""
+    probe = roxxel.open_dataset(local)
+    largest = max(s.num_bytes for s in probe.manifest.shards)
+    dataset = _open(f"file://{local}", tmp_path, limit=2 * largest)
+    shards = dataset.shards  # maps each in turn: the limit releases the earlier ones
+    assert len(shards) == probe.num_shards >= 4
+    for k, (held, truth) in enumerate(zip(shards, probe.shards, strict=True)):
+        assert held.record(0)["label"] == truth.record(0)["label"], k
+        assert not held.verify()
+    want = _labels(probe)
+    got: dict[int, list[int]] = {}
+
+    def read(t: int) -> None:
+        rng = np.random.default_rng(t)
+        order = rng.permutation(NUM_RECORDS).tolist()
+        got[t] = [int(dataset[i]["label"]) - want[i] for i in order]
+
+    threads = [threading.Thread(target=read, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(not any(diffs) and len(diffs) == NUM_RECORDS for diffs in got.values())
+
+
+def test_issue15_pull_to_a_url_is_refused_not_written_to_a_local_folder(
+    local, tmp_path, monkeypatch, capsys
+):
+    from roxxel.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["pull", f"file://{local}", "s3://bucket/copy", "-q"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is a URL" in err and "roxxel push" in err
+    assert not (tmp_path / "s3:").exists()
+
+
+_FULL_DISK = """
+import resource, signal, sys
+import roxxel
+from roxxel.errors import ConfigError
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG)
+resource.setrlimit(resource.RLIMIT_FSIZE, (300, resource.RLIM_INFINITY))
+try:
+    roxxel.open_dataset(sys.argv[1], cache_dir=sys.argv[2])[0]
+except ConfigError as e:
+    print(e)
+"""
+
+
+def test_issue15_a_cache_that_cannot_be_written_is_named(local, tmp_path):
+    """A full disk (here a file size limit: the same write error) was a bare OSError naming
+    no file; a cache_dir that is a file, a bare NotADirectoryError. Both name the cache."""
+    cache = tmp_path / "cache"
+    done = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK, f"file://{local}", str(cache)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    message = done.stdout.strip()
+    assert str(cache) in message and "cannot write" in message and "File too large" in message
+    assert "cache_limit_bytes" in message
+    assert not [p for p in cache.rglob("*") if p.is_file() and not p.name.endswith(".lock")]
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match=r"a-file.*cannot write"):
+        roxxel.open_dataset(f"file://{local}", cache_dir=blocker)
+
+
+def test_issue15_a_malformed_endpoint_is_a_config_error_that_shows_no_option(tmp_path):
+    """An endpoint botocore cannot parse was retried as an outage (its error's name holds
+    "Endpoint") and printed, though storage options are never shown."""
+    pytest.importorskip("s3fs")
+    options = {
+        "endpoint_url": "http://127.0.0.1:9/?token=hunter2",
+        "key": "k",
+        "secret": "s3cr3t-x",
+    }
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as caught:
+        roxxel.open_dataset("s3://bucket/ds", cache_dir=tmp_path, storage_options=options)
+    assert time.monotonic() - started < 5  # no retries with their backoff
+    text = str(caught.value)
+    assert "hunter2" not in text and "s3cr3t-x" not in text
+    assert "s3://bucket/ds" in text and "storage_options endpoint_url" in text
+
+
+@pytest.mark.parametrize(
+    "url, extra", [("gs://bucket/ds", "roxxel[gcs]"), ("hdfs://host/ds", None)]
+)
+def test_issue15_a_url_no_installed_package_reads_is_one_config_error(
+    tmp_path, url, extra, monkeypatch
+):
+    """hdfs:// raised a bare OSError (libjvm) through 90 lines; gs:// without gcsfs named
+    roxxel[s3] as the extra to install."""
+    if extra is not None:
+        monkeypatch.setitem(sys.modules, "gcsfs", None)
+    with pytest.raises(ConfigError) as caught:
+        roxxel.open_dataset(url, cache_dir=tmp_path)
+    text = str(caught.value)
+    assert url in text and len(text.splitlines()) == 1
+    if extra is not None:
+        assert extra in text and "roxxel[s3]" not in text
+
+
+def test_issue15_errors_and_names_of_a_dataset_at_a_url_say_the_url(local, tmp_path):
+    """A dataset at a URL is named by its URL (errors) and its last part (peek's source),
+    not by its cache folder (``ds-6731d512b24f972c``)."""
+    import pickle as pickle_module
+
+    from roxxel.loader.peek import source_name
+
+    source = tmp_path / "server" / "ds"
+    shutil.copytree(local, source)
+    url = f"file://{source}"
+    dataset = roxxel.open_dataset(url, cache_dir=tmp_path / "cache")
+    with pytest.raises(IndexError, match=rf"^{re.escape(url)}: record {NUM_RECORDS} out of range"):
+        dataset[NUM_RECORDS]
+    with pytest.raises(IndexError, match=rf"^{re.escape(url)}: index out of range"):
+        dataset.get_batch([0, NUM_RECORDS])
+    assert (
+        source_name(roxxel.Records(dataset))
+        == "ds"
+        == source_name(roxxel.Records(roxxel.open_dataset(local)))
+    )
+    pickled = pickle_module.dumps(dataset)
+    changed = json.loads((local / "manifest.json").read_text())
+    (source / "manifest.json").write_text(json.dumps({**changed, "metadata": {"x": 1}}))
+    with pytest.raises(FormatError, match=rf"^{re.escape(url)}: dataset changed since"):
+        pickle_module.loads(pickled)
+
+
+def test_issue15_roxxel_cache_dir_with_a_tilde_is_the_home_folder(monkeypatch, tmp_path):
+    """``ROXXEL_CACHE_DIR='~/c'`` (quoted, so the shell left the ~) made a folder named ~."""
+    from roxxel.format.cache import default_cache_dir
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("ROXXEL_CACHE_DIR", "~/c")
+    assert default_cache_dir() == tmp_path / "c"
+
+
+def test_issue15_push_takes_q_like_pull(local, tmp_path, capsys):
+    from roxxel.cli import main
+
+    assert main(["push", str(local), f"file://{tmp_path}/up", "-q"]) == 0
+    assert roxxel.open_dataset(tmp_path / "up").num_records == NUM_RECORDS
 
 
 def test_issue15_speed_a_range_past_an_s3_objects_end_reads_no_bytes(s3):

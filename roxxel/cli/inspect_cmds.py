@@ -66,12 +66,13 @@ def _elements(ds: Dataset) -> dict[str, int]:
     if not fields:
         return {}
     ds.prefetch(range(ds.num_shards))  # a dataset at a URL: fetch them all in parallel
-    shards = ds.shards
-    return {
-        f.name: ds.num_elements(f.name)
+    compressed = {  # no flat stream to count; one shard at a time (a cache limit holds)
+        f.name
+        for k in range(ds.num_shards)
         for f in fields
-        if not any(s.columns[f.name].compressed for s in shards)  # no flat stream to count
+        if ds.shard(k).columns[f.name].compressed
     }
+    return {f.name: ds.num_elements(f.name) for f in fields if f.name not in compressed}
 
 
 def _open(args: argparse.Namespace) -> Dataset:

@@ -51,6 +51,10 @@ def add_pull_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_pull(args: argparse.Namespace) -> int:
     if not is_url(args.url):
         raise ConfigError(f"URL: {args.url!r} is not a URL (expected e.g. s3://bucket/ds)")
+    if is_url(args.dir):
+        raise ConfigError(
+            f"DIR: {args.dir!r} is a URL (expected a local folder; `roxxel push DIR URL` uploads)"
+        )
     if args.workers < 1:
         raise ConfigError(f"--workers: {args.workers} (expected >= 1)")
     options = storage_options(args.storage_options)

@@ -34,7 +34,7 @@ def add_push_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("url", metavar="URL")
     p.add_argument("--workers", type=int, default=8, metavar="N", help="parallel uploads")
     p.add_argument("--storage-options", metavar="JSON", help="fsspec options (a JSON object)")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=cmd_push)
 
 

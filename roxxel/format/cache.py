@@ -35,6 +35,7 @@ so it reads ahead for the cache independently of page faults.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
@@ -42,7 +43,7 @@ import queue
 import re
 import threading
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent import futures
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
@@ -93,7 +94,9 @@ def _caches() -> list[ShardCache]:
 
 def default_cache_dir() -> Path:
     """``$ROXXEL_CACHE_DIR``, else ``~/.cache/roxxel``."""
-    return Path(os.environ.get("ROXXEL_CACHE_DIR") or Path.home() / ".cache" / "roxxel")
+    return Path(
+        os.environ.get("ROXXEL_CACHE_DIR") or Path.home() / ".cache" / "roxxel"
+    ).expanduser()
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +148,8 @@ class ShardCache:
         self.store = RemoteStore(config.url, config.storage_options, config.policy)
         self.folder = config.folder if folder is None else Path(folder)  # `roxxel pull`: DIR
         self._durable = folder is not None or _BOOT_TIME is None  # see the module docstring
-        self.folder.mkdir(parents=True, exist_ok=True)
+        with _writing(self.folder):
+            self.folder.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._turn = threading.Condition(self._lock)
         # the shards of the first `prefetch` (a loader's first step): later ones wait for them
@@ -416,7 +420,10 @@ class ShardCache:
         (`_NoRoom`) when the cache has no room without that: it never pushes out what the
         next steps read for what later ones will."""
         path = self.folder / entry.path
-        lock = os.open(self.folder / f".{entry.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+        with _writing(self.folder):
+            lock = os.open(
+                self.folder / f".{entry.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+            )
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if self.is_current(entry):
@@ -438,7 +445,8 @@ class ShardCache:
                 if ahead:  # spared from the moment it shows: see evict
                     with self._lock:
                         self._ahead.add(entry.path)
-                os.replace(temp, path)
+                with _writing(path):
+                    os.replace(temp, path)
             except BaseException:
                 with self._lock:
                     self._ahead.discard(entry.path)
@@ -459,7 +467,9 @@ class ShardCache:
         """Stream the object into ``temp`` in ranged reads (each retried), size-checked: one
         GET per ``chunk_bytes``, the last one a byte past the entry's end (module docstring)."""
         size, chunk = entry.num_bytes, self.config.policy.chunk_bytes
-        with open(temp, "wb") as out:
+        with _writing(temp):  # unbuffered: every byte written by the time write returns
+            out = open(temp, "wb", buffering=0)  # noqa: SIM115 (closed below, nothing to flush)
+        with out:
             offset = 0
             while offset < size:
                 stop = offset + chunk if offset + chunk < size else size + 1
@@ -470,11 +480,12 @@ class ShardCache:
                     raise _refused(url, "M7", "no such object (the manifest lists it)") from None
                 if len(data) != min(stop, size) - offset:
                     raise self._wrong_size(entry, offset, len(data))
-                out.write(data)
+                with _writing(temp):
+                    _write_all(out, data)
                 offset += len(data)
-            out.flush()
             if self._durable:
-                os.fsync(out.fileno())
+                with _writing(temp):
+                    os.fsync(out.fileno())
 
     def _wrong_size(self, entry: ShardEntry, offset: int, num_read: int) -> FormatError:
         """M8: a read from ``offset`` gave ``num_read`` bytes, not what the entry implies."""
@@ -540,6 +551,31 @@ def _renew_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_renew_after_fork)
+
+
+def _write_all(out: Any, data: bytes) -> None:
+    """Every byte of ``data`` to the unbuffered file ``out`` (a write may take only some)."""
+    view = memoryview(data)
+    while view:
+        num = out.write(view)
+        if not num:
+            raise OSError(errno.ENOSPC, "no byte written")
+        view = view[num:]
+
+
+@contextlib.contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    """Local file operations of the cache: an OSError (a full disk, a read-only folder, a
+    cache_dir that is a file) becomes a ConfigError naming the path. Reads from the store
+    never run inside: their errors are the network's (`FetchPolicy`)."""
+    try:
+        yield
+    except OSError as e:
+        raise ConfigError(
+            f"{path}: cannot write the cache ({e.strerror or e}, expected a writable cache_dir "
+            "with room for the shards read: free space, or set cache_limit_bytes)",
+            path=path,
+        ) from None
 
 
 def _what(exc: FormatError, temp: Path) -> str:

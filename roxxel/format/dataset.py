@@ -106,6 +106,15 @@ class Dataset(RecordSource):
         return self.manifest.schema
 
     @property
+    def where(self) -> str:
+        return str(self.path) if self.url is None else self.url
+
+    @property
+    def name(self) -> str:
+        """The dataset's own name: its folder's, or the last part of its URL."""
+        return self.path.name if self.url is None else self.url.rstrip("/").rsplit("/", 1)[-1]
+
+    @property
     def metadata(self) -> dict[str, Any]:
         return self.manifest.metadata
 
@@ -162,7 +171,7 @@ class Dataset(RecordSource):
 
     def locate(self, indices: Any) -> tuple[np.ndarray, np.ndarray]:
         """(shard ids, local indices) of global record ``indices`` (negatives from the end)."""
-        idx = normalize_indices(indices, self._num, self.path)
+        idx = normalize_indices(indices, self._num, self.where)
         shard_ids = np.searchsorted(self.shard_starts, idx, side="right") - 1
         return shard_ids, idx - self.shard_starts[shard_ids]
 
@@ -183,7 +192,7 @@ class Dataset(RecordSource):
                 k = int(shard_ids[rows[0]])
                 groups.append((self._columns(k, local[rows]), rows, local[rows]))
         fields_read = self.schema.select(fields)
-        return gather(groups, fields_read, shard_ids.size, out, self.max_decoded_bytes, self.path)
+        return gather(groups, fields_read, shard_ids.size, out, self.max_decoded_bytes, self.where)
 
     def num_elements(self, field: str) -> int:
         """Elements of a variable-length field over the whole dataset (maps every shard)."""
@@ -251,8 +260,10 @@ class Dataset(RecordSource):
             seen.add((info.st_dev, info.st_ino))
 
     def _release_cold(self, opened: int) -> None:
-        """With a cache limit: drop this dataset's least recently used mappings while the
-        cache is over its limit, so eviction may remove them (live views still pin theirs)."""
+        """With a cache limit: let go of this dataset's least recently used mappings while
+        the cache is over its limit, so eviction may remove them. Whoever still holds such a
+        `Shard` (another thread's read, ``dataset.shards``) or a view of it keeps it mapped
+        and readable; eviction passes it over until the last reference goes."""
         cache = self.cache
         if cache is None or cache.config.cache_limit_bytes is None:
             return
@@ -261,8 +272,7 @@ class Dataset(RecordSource):
             shard = self._shards[k]
             if k != opened and shard is not None:
                 self._shards[k] = None
-                shard.close()
-                del shard  # unmapped now unless views live: then eviction passes it over
+                del shard  # unmapped now, unless held elsewhere
                 cache.evict()
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -328,9 +338,9 @@ def _reopen(
     dataset = Dataset(path, verify=verify, max_decoded_bytes=max_decoded_bytes, cache=cache)
     if dataset.fingerprint != fingerprint:
         raise FormatError(
-            f"{path}: dataset changed since it was pickled (fingerprint {dataset.fingerprint},"
-            f" expected {fingerprint})",
-            path=path,
+            f"{dataset.where}: dataset changed since it was pickled (fingerprint"
+            f" {dataset.fingerprint}, expected {fingerprint})",
+            path=dataset.where,
         )
     return dataset
 

@@ -58,6 +58,11 @@ class RecordSource:
     _num: int
 
     @property
+    def where(self) -> str:
+        """What errors name this source by: its path (a dataset at a URL: the URL)."""
+        return str(self.path)
+
+    @property
     def schema(self) -> Schema:
         """The record schema (a subclass provides it)."""
         raise NotImplementedError
@@ -83,7 +88,7 @@ class RecordSource:
                 return [self.record(i) for i in range(*index.indices(self._num))]
             raise _not_an_index(index, self) from None
         if not -self._num <= i < self._num:
-            raise IndexError(f"{self.path}: record {i} out of range for {self._num} records")
+            raise IndexError(f"{self.where}: record {i} out of range for {self._num} records")
         return self.record(i + self._num if i < 0 else i)
 
     def record(self, i: int) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -27,6 +27,8 @@ T = TypeVar("T")
 
 # a scheme of at least two letters, so "C:\\data" (a Windows drive) is not a URL
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
+# the extra that installs a protocol's package
+_EXTRAS = {"s3": "roxxel[s3]", "s3a": "roxxel[s3]", "gs": "roxxel[gcs]", "gcs": "roxxel[gcs]"}
 # errors no retry can fix: the object is not there (the caller names the rule)
 _MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 
@@ -137,14 +139,14 @@ class RemoteStore:
             except Exception as exc:  # botocore, aiohttp & co. raise their own kinds
                 if not _transient(exc):
                     raise ConfigError(
-                        f"{where}: {type(exc).__name__}: {exc} (expected storage options,"
-                        " credentials and an endpoint the protocol accepts)",
+                        f"{where}: {_told(exc, self.storage_options)} (expected storage"
+                        " options, credentials and an endpoint the protocol accepts)",
                         path=where,
                     ) from None
                 last = exc
         raise ConnectionError(
             f"{where}: unreachable after {self.policy.attempts} attempts"
-            f" ({type(last).__name__}: {last}, expected a reachable store)"
+            f" ({_told(last, self.storage_options)}, expected a reachable store)"
         ) from last
 
     def __repr__(self) -> str:  # storage options may hold credentials: never shown
@@ -167,7 +169,29 @@ def _transient(exc: BaseException) -> bool:
     status = _http_status(exc)
     if status is not None and (status >= 500 or status == 429):
         return True
-    return any(word in name for word in ("Connection", "Timeout", "Endpoint", "ServerError"))
+    # "Connection" covers botocore's EndpointConnectionError; its EndpointResolutionError
+    # (an endpoint that does not parse) is no outage
+    return any(word in name for word in ("Connection", "Timeout", "ServerError"))
+
+
+def _told(exc: BaseException | None, options: dict[str, Any]) -> str:
+    """``"Kind: message"`` of a library's error, on one line, with the value of every storage
+    option in it named instead of shown (an endpoint may carry a token)."""
+    text = f"{type(exc).__name__}: {str(exc).strip().partition(chr(10))[0]}"
+    for name, value in _option_values(options):
+        if len(value) >= 4:
+            text = text.replace(value, f"<storage_options {name}>")
+    return text
+
+
+def _option_values(options: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
+    """(dotted name, value) of every string in nested storage options."""
+    for key, value in options.items() if isinstance(options, dict) else ():
+        name = f"{prefix}{key}"
+        if isinstance(value, str):
+            yield name, value
+        else:
+            yield from _option_values(value, f"{name}.")
 
 
 def _http_status(exc: BaseException) -> int | None:
@@ -190,10 +214,12 @@ def _filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
     s3 = url.split("://", 1)[0] in ("s3", "s3a")
     try:
         fs, path = fsspec.core.url_to_fs(url, **(_one_try(options) if s3 else options))
-    except (ImportError, ValueError, TypeError) as exc:  # unknown protocol, package, option
+    except Exception as exc:  # unknown protocol, package missing or failing, bad option
+        protocol = url.split("://", 1)[0]
+        extra = _EXTRAS.get(protocol, "the package of its fsspec protocol")
         raise ConfigError(
-            f"{url}: no filesystem for this URL ({type(exc).__name__}: {exc}, expected an"
-            " fsspec protocol whose package is installed, e.g. roxxel[s3], and options it"
+            f"{url}: no filesystem for this URL ({_told(exc, options)}, expected an fsspec"
+            f" protocol whose package is installed, for {protocol}:// {extra}, and options it"
             " accepts)"
         ) from None
     if s3:  # s3fs's own retry loop too (an instance of these options, which name ours)

@@ -148,7 +148,7 @@ def _sources(picker: StepPicker) -> tuple[Sequence[str], Sequence[Source]]:
 def source_name(source: Source) -> str:
     """A single source's name: its dataset's folder name, else its type's name."""
     if isinstance(source, Records | TokenWindows) and isinstance(source.dataset, Dataset):
-        return source.dataset.path.name
+        return source.dataset.name
     return type(source).__name__
 
 

@@ -68,12 +68,10 @@ def test_get_batch_matches_records_and_reuses_buffers(dataset_dir) -> None:
 
 
 def test_get_batch_gathers_small_and_large_fields_alike(tmp_path) -> None:
-    """Fields gathered below the GIL-holding size (fancy indexing) and above it (np.take into
-    the buffer) give the records, across shards, in the order asked, repeats included."""
-    from roxxel.format.column import HOLD_GIL_BYTES
-
+    """A field of 4 KiB rows and one of 8 bytes gather the records, across shards, in the
+    order asked, repeats included, into new arrays or the buffers given."""
     rng = np.random.default_rng(0)
-    row = HOLD_GIL_BYTES // 16  # 16 rows of this field pass the threshold
+    row = 4096
     big = rng.integers(0, 255, (64, row), dtype=np.uint8)
     small = np.arange(64, dtype=np.int64) * 3
     schema = roxxel.Schema.parse({"big": f"uint8[{row}]", "small": "int64"})

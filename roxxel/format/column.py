@@ -19,9 +19,6 @@ from roxxel.format.spec import ZSTD_MAX_RATIO, ZSTD_SLACK_BYTES, check_offsets, 
 __all__ = ["Column"]
 
 _ZSTD = zstandard.ZstdDecompressor()
-# a gather of fewer bytes keeps the GIL (fancy indexing): np.take lets go of it even for a
-# few bytes, and another thread may then hold it for longer than the copy takes
-HOLD_GIL_BYTES = 64 << 10
 WHY = {"R16": "checksum mismatch", "R17": "str is not UTF-8", "R18": "bool byte not 0 or 1"}
 
 
@@ -133,10 +130,7 @@ class Column:
         """Stack fixed-shape records ``indices`` into ``out`` (or a new array)."""
         if not self.compressed:
             # Indices are range-checked by the caller; mode="raise" would buffer ``out``.
-            if out is None or out.nbytes >= HOLD_GIL_BYTES:
-                return self.flat.take(indices, axis=0, out=out, mode="wrap")
-            out[...] = self.flat[indices]
-            return out
+            return self.flat.take(indices, axis=0, out=out, mode="wrap")
         dest = (
             np.empty((len(indices), *self.field.fixed_shape), self.field.dtype)
             if out is None

@@ -147,26 +147,14 @@ class LoaderConfig:
         return options
 
 
-_NO_ENTROPY = np.random.SeedSequence(0)
-_ZEROS4 = np.zeros(4, np.uint64)
-# Philox(key=k)'s state before its first draw, but for the counter and key (numpy's format)
-_PHILOX_START = {"bit_generator": "Philox", "buffer": _ZEROS4, "buffer_pos": 4}
-_PHILOX_START |= {"has_uint32": 0, "uinteger": 0}
-
-
 def host_rng(seed: int, step: int) -> np.random.Generator:
     """The host transform's generator for `step`: Philox keyed by (seed, step), no state.
 
     >>> int(host_rng(0, 5).integers(1 << 30)) == int(host_rng(0, 5).integers(1 << 30))
     True
     """
-    # Philox(key=...) would draw OS entropy for a seed it then ignores (a system call that
-    # lets go of the GIL, each step): the same state is set from a fixed seed sequence
-    bits = np.random.Philox(_NO_ENTROPY)
     key = np.array([seed, step], dtype=np.uint64)
-    state = {**_PHILOX_START, "state": {"counter": _ZEROS4, "key": key}}
-    bits.state = state  # pyright: ignore[reportAttributeAccessIssue]  (numpy documents the setter)
-    return np.random.Generator(bits)
+    return np.random.Generator(np.random.Philox(key=key))
 
 
 class Loader:

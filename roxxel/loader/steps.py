@@ -184,12 +184,6 @@ def _zeros_int32(num: int) -> np.ndarray:
     return zeros
 
 
-def _num_read(rows: np.ndarray, num_valid: int, batch_size: int) -> int:
-    """How many of the sorted `rows` (each < `batch_size`) are below `num_valid`: all of
-    them but in a batch cut short (no numpy call, which would let go of the GIL)."""
-    return len(rows) if num_valid >= batch_size else int(np.searchsorted(rows, num_valid))
-
-
 def _is_prefix(rows: np.ndarray, num: int) -> bool:
     """Whether the first `num` of the sorted unique `rows` are exactly 0..num-1."""
     return num == 0 or int(rows[num - 1]) == num - 1
@@ -238,7 +232,7 @@ class SinglePicker:
         )
         if _end_or_valid(num_valid, self.batch_size, self.drop):
             return None
-        num_read = _num_read(rows, num_valid, self.batch_size)
+        num_read = int(np.searchsorted(rows, num_valid))
         first, block = self._blocks.get(step, rows)
         records = block[step - first, :num_read]
         return Pick(num_valid, num_read, _zeros_int32(num_read), records)
@@ -356,7 +350,7 @@ class MixturePicker:
         num_valid = len(source_ids)
         if _end_or_valid(num_valid, batch_size, self.drop):
             return None
-        num_read = _num_read(rows, num_valid, batch_size)
+        num_read = int(np.searchsorted(rows, num_valid))
         records = block_records[offset : offset + num_valid]
         if _is_prefix(rows, num_read):  # every leading row: views of the block, no copies
             source_ids, records = source_ids[:num_read], records[:num_read]

@@ -565,6 +565,15 @@ def test_issue15_push_takes_q_like_pull(local, tmp_path, capsys):
     assert roxxel.open_dataset(tmp_path / "up").num_records == NUM_RECORDS
 
 
+def test_issue15_a_mixture_toml_at_a_url_is_refused_saying_it_is_read_locally(capsys):
+    from roxxel.cli import main
+
+    assert main(["plan", "s3://bucket/mix.toml", "--steps", "10"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "s3://bucket/mix.toml" in err
+    assert "local file" in err and "No such file" not in err
+
+
 def test_issue15_speed_a_range_past_an_s3_objects_end_reads_no_bytes(s3):
     s3.fs.pipe_file("roxxel-data/short", b"0123456789")
     s3.fs.pipe_file("roxxel-data/empty", b"")

@@ -60,6 +60,12 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         ConfigError: invalid TOML (naming the file).
         OSError: the file cannot be read.
     """
+    if "://" in str(path):  # before Path() makes "s3://b/m.toml" a local "s3:/b/m.toml"
+        raise ConfigError(
+            f"{path}: a URL (expected a local file: a mixture TOML is read from disk; its"
+            " sources' paths may be URLs)",
+            path=path,
+        )
     with Path(path).open("rb") as file:
         try:
             return tomllib.load(file)

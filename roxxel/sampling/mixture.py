@@ -162,8 +162,8 @@ class Mixture:
                 or any invalid value; the message names the file and the table at fault.
             OSError: the file cannot be read.
         """
-        path = Path(path)
         config = read_toml(path)
+        path = Path(path)
         return cls.from_config(config, open_source, base_dir=path.parent, where=str(path))
 
     @classmethod

@@ -12,6 +12,7 @@ keep the suite fast).
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import json
 import shutil
@@ -202,7 +203,9 @@ def hostile_manifests(draw: st.DrawFn, original: bytes) -> bytes:
     doc = json.loads(original)
     for _ in range(draw(st.integers(1, 3))):
         path = draw(st.sampled_from(list(_paths(doc))))
-        doc = _set(doc, path, draw(HOSTILE_VALUES))
+        # a copy: sampled_from hands out the same {} or [1] each time, and a later _set
+        # into it would change HOSTILE_VALUES itself (flaky data generation)
+        doc = _set(doc, path, copy.deepcopy(draw(HOSTILE_VALUES)))
     shards = doc.get("shards") if isinstance(doc, dict) else None
     shards = shards if isinstance(shards, list) else []
     counts = [s.get("num_records") for s in shards if isinstance(s, dict)]

@@ -574,6 +574,38 @@ def test_issue15_a_mixture_toml_at_a_url_is_refused_saying_it_is_read_locally(ca
     assert "local file" in err and "No such file" not in err
 
 
+def test_issue15_shards_fetched_ahead_are_spared_by_every_process_until_read(local, tmp_path):
+    """Two processes (two caches on one folder: flock locks are per open file, as between
+    processes) under a limit of two shards. B's fetches ahead used to evict what A fetched
+    ahead and had not read yet, and a demand fetch in A its own, so shards were fetched
+    again. Now a shard fetched ahead is held (a shared lock) until it is read: every process
+    gives way to it, and a demand fetch goes over the limit rather than throw it away."""
+    probe = roxxel.open_dataset(local)
+    entries = probe.manifest.shards
+    assert len(entries) >= 4
+    largest = max(e.num_bytes for e in entries)
+
+    def cache() -> ShardCache:
+        return ShardCache(CacheConfig(f"file://{local}", tmp_path, {}, 2 * largest, policy=FAST))
+
+    a, b = cache(), cache()
+    a.prefetch(entries[:2])
+    a.wait()
+    assert a.num_fetched == 2
+    b.prefetch(entries[2:4])
+    b.wait()
+    assert b.num_fetched == 0  # gave way to A's shards fetched ahead
+    assert {e.path for e in entries[:2]} <= set(os.listdir(a.folder))
+    a.fetch(entries[2])  # on demand in A: over the limit, A's unread shards stay
+    assert {e.path for e in entries[:3]} <= set(os.listdir(a.folder))
+    _, held = a.fetch_held(entries[0])  # read: no longer held for the read ahead
+    os.close(held)
+    assert a.evict() > 0 and a.cached_bytes() <= 2 * largest  # back within the limit
+    assert entries[1].path in os.listdir(a.folder)  # still unread: spared
+    a.close()
+    b.close()
+
+
 def test_issue15_speed_a_range_past_an_s3_objects_end_reads_no_bytes(s3):
     s3.fs.pipe_file("roxxel-data/short", b"0123456789")
     s3.fs.pipe_file("roxxel-data/empty", b"")

@@ -19,7 +19,11 @@ Between processes of one host: a fetch holds ``.<name>.lock`` (``fcntl.flock``, 
 so each shard is fetched once and the others wait and reuse it; a process mapping a shard
 holds a shared ``flock`` on the shard file itself for as long as the mapping lives; eviction
 (``cache_limit_bytes``, least recently used first) removes only shards whose exclusive lock it
-gets without waiting, i.e. that no process maps. A file left by a fetcher killed mid-way is
+gets without waiting, i.e. that no process maps. Under a limit, a shard fetched ahead
+(`prefetch`) is held the same way by the process that fetched it until it reads it (or
+closes the cache), so no process evicts what another's next steps read; a fetch ahead gives
+way when there is no other room, and a fetch of a shard needed now goes over the limit
+rather than evict one. A file left by a fetcher killed mid-way is
 ``.<name>.part``, never a shard; the next fetch of that shard (under the same lock) writes
 over it, so no fetch lists the folder.
 
@@ -158,7 +162,8 @@ class ShardCache:
         self._queue: queue.SimpleQueue[tuple[ShardEntry, Future[Path]] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._published: set[str] = set()  # names this object saw published: fetch returns
-        self._ahead: set[str] = set()  # published by a prefetch, not held since: see evict
+        # published by a prefetch and not read since: a descriptor holding each (evict)
+        self._ahead: dict[str, int] = {}
         self._room_lock = threading.Lock()  # one eviction decision at a time in this process
         self._reserved = 0  # bytes of the downloads running in this process (not published)
         self._num_shards = 0  # in the manifest read last: see num_missing
@@ -307,8 +312,7 @@ class ShardCache:
         try:
             if os.fstat(fd).st_ino == os.stat(path).st_ino and _matches(fd, entry):
                 os.utime(path)  # recency for the LRU
-                with self._lock:
-                    self._ahead.discard(entry.path)
+                self._let_go(entry.path)  # read now: held by the reader from here on
                 return fd
         except FileNotFoundError:
             pass  # evicted between open and lock
@@ -320,16 +324,23 @@ class ShardCache:
         """``name`` is gone or changed (another process evicted it): `fetch` looks again."""
         with self._lock:
             self._published.discard(name)
-            self._ahead.discard(name)
+        self._let_go(name)
+
+    def _let_go(self, name: str) -> None:
+        """Stop holding ``name`` for the read ahead (read now, gone, or the cache closes)."""
+        with self._lock:
+            fd = self._ahead.pop(name, None)
+        if fd is not None:
+            os.close(fd)
 
     def cached_bytes(self) -> int:
         """Bytes of the shards published in this dataset's cache folder."""
         return sum(size for _, size, _ in _published(self.folder))
 
-    def evict(self, room_bytes: int = 0, spare: frozenset[str] = frozenset()) -> int:
-        """Remove least recently used shards no process maps (and not named in ``spare``)
-        until the cache plus ``room_bytes`` fits ``cache_limit_bytes``; returns the bytes
-        removed, or -1 when it still does not fit."""
+    def evict(self, room_bytes: int = 0) -> int:
+        """Remove least recently used shards no process maps or holds fetched ahead until
+        the cache plus ``room_bytes`` fits ``cache_limit_bytes``; returns the bytes removed,
+        or -1 when it still does not fit."""
         limit = self.config.cache_limit_bytes
         if limit is None:
             return 0
@@ -339,7 +350,7 @@ class ShardCache:
         for path, size, _ in files:
             if total + room_bytes - removed <= limit:
                 return removed
-            if path.name not in spare and _remove_if_unused(path):
+            if _remove_if_unused(path):
                 removed += size
                 self._forget(path.name)
         return removed if total + room_bytes - removed <= limit else -1
@@ -364,6 +375,8 @@ class ShardCache:
                 self._queue.put(None)
         for thread in threads:
             thread.join()
+        for name in list(self._ahead):
+            self._let_go(name)
 
     def __repr__(self) -> str:
         return f"ShardCache({self.config.url!r}, folder={str(self.folder)!r})"
@@ -429,27 +442,25 @@ class ShardCache:
             if self.is_current(entry):
                 return path, _held(path) if hold else None
             with self._room_lock:  # the room of downloads still running counts as taken
-                if ahead:
-                    with self._lock:
-                        spare = frozenset(self._ahead)
-                    if self.evict(entry.num_bytes + self._reserved, spare) < 0:
-                        raise _NoRoom(entry.path)
-                else:
-                    self.evict(entry.num_bytes + self._reserved)
+                # shards fetched ahead and not read are held (by whichever process): a fetch
+                # ahead gives way to them, one needed now goes over the limit instead
+                if self.evict(entry.num_bytes + self._reserved) < 0 and ahead:
+                    raise _NoRoom(entry.path)
                 self._reserved += entry.num_bytes
             # one name per shard: the lock is ours, and a part left by a dead fetcher is reused
             temp = self.folder / f".{entry.path}{_PART}"
             try:
                 self._download(entry, temp)
                 self._check(entry, temp)
-                if ahead:  # spared from the moment it shows: see evict
+                if ahead and self.config.cache_limit_bytes is not None:  # held as it shows
+                    spared = os.open(temp, os.O_RDONLY | os.O_CLOEXEC)
+                    fcntl.flock(spared, fcntl.LOCK_SH)
                     with self._lock:
-                        self._ahead.add(entry.path)
+                        self._ahead[entry.path] = spared
                 with _writing(path):
                     os.replace(temp, path)
             except BaseException:
-                with self._lock:
-                    self._ahead.discard(entry.path)
+                self._let_go(entry.path)
                 raise
             finally:
                 temp.unlink(missing_ok=True)
@@ -545,6 +556,9 @@ def _renew_after_fork() -> None:
     """In a forked child: no fetch thread of the parent runs here, and a lock one held at the
     fork would never be released."""
     for cache in list(_OPEN):
+        for fd in cache._ahead.values():  # the parent's hold on them is the parent's
+            os.close(fd)
+        cache._ahead = {}
         cache._lock, cache._threads, cache._inflight = threading.Lock(), [], {}
         cache._turn, cache._first = threading.Condition(cache._lock), set()
         cache._queue = queue.SimpleQueue()

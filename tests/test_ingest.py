@@ -224,6 +224,7 @@ def test_issue14_nulls_in_columns_the_pack_does_not_read_are_ignored(tmp_path, k
     HF datasets carry nullable metadata columns. A null in a field it reads is refused."""
     import roxxel
     from roxxel.cli import main
+    from tests.test_ingest_hostile import write_table
 
     table = pa.table(
         {
@@ -232,12 +233,7 @@ def test_issue14_nulls_in_columns_the_pack_does_not_read_are_ignored(tmp_path, k
             "meta": pa.array([{"k": 1}, None, {"k": None}]),
         }
     )
-    path = tmp_path / f"t.{kind}"
-    if kind == "parquet":
-        pq.write_table(table, path)
-    else:
-        with pa.ipc.new_file(str(path), table.schema) as w:
-            w.write_table(table)
+    path = write_table(table, tmp_path / f"t.{kind}")
     out = tmp_path / "ds"
     assert main(["pack", str(path), "-o", str(out), "--field", "other:int64", "-q"]) == 1
     assert "field 'other': row 1: null" in capsys.readouterr().err

@@ -36,6 +36,16 @@ from roxxel.ingest.megatron import MAGIC
 from roxxel.ingest.npy import NPZ_WHOLE_MAX_BYTES
 
 
+def write_table(table: pa.Table, path: Path) -> Path:
+    """``table`` as a Parquet file, or an Arrow IPC file for any other suffix."""
+    if path.suffix == ".parquet":
+        pq.write_table(table, path)
+    else:
+        with pa.ipc.new_file(str(path), table.schema) as w:
+            w.write_table(table)
+    return path
+
+
 def _run(*argv: object) -> int:
     return main([str(a) for a in argv])
 
@@ -377,12 +387,7 @@ def test_issue12_clear_errors_a_null_row_is_skipped_and_counted_with_skip_bad(
             "t": pa.array([[1], [2], [None], [4], []], pa.list_(pa.int32())),
         }
     )
-    path = tmp_path / f"n.{kind}"
-    if kind == "parquet":
-        pq.write_table(table, path)
-    else:
-        with pa.ipc.new_file(str(path), table.schema) as w:
-            w.write_table(table)
+    path = write_table(table, tmp_path / f"n.{kind}")
     assert _run("pack", path, "-o", tmp_path / "ds", "-q") == 1
     assert "field 'x': row 1: null" in _one_line_error(capsys)
     assert _run("pack", path, "-o", tmp_path / "ds", "-q", "--skip-bad") == 0

@@ -495,28 +495,25 @@ def test_issue14_field_flags_without_the_token_field_are_a_usage_error(toks, tmp
     assert not (tmp_path / "ds").exists()
 
 
-def test_issue14_schema_file_without_the_token_field_is_refused(toks, tmp_path, capsys):
+@pytest.mark.parametrize(
+    "fields, named",
+    [
+        ('url = "str"', 'tokens = "uint16[]"'),  # no token field
+        ('tokens = "uint16[]"', "--keep-field url"),  # as with --field: a kept field dropped
+    ],
+    ids=["without-tokens", "without-a-kept-field"],
+)
+def test_issue14_schema_file_missing_a_field_the_flags_need_is_refused(
+    toks, tmp_path, capsys, fields, named
+):
     schema = tmp_path / "schema.toml"
-    schema.write_text('[fields]\nurl = "str"\n')
+    schema.write_text(f"[fields]\n{fields}\n")
     src = _jsonl(tmp_path / "c.jsonl", _texts(5))
     argv = [src, "-o", tmp_path / "ds", "--tokenizer", toks["hf"], "--schema", schema]
     assert _pack(*argv, "--keep-field", "url") == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
-    assert str(schema) in err and 'tokens = "uint16[]"' in err
-    assert not (tmp_path / "ds").exists()
-
-
-def test_issue14_schema_file_without_a_kept_field_is_refused(toks, tmp_path, capsys):
-    """As with --field: a --keep-field the schema file lacks was dropped silently."""
-    schema = tmp_path / "schema.toml"
-    schema.write_text('[fields]\ntokens = "uint16[]"\n')
-    src = _jsonl(tmp_path / "c.jsonl", _texts(5))
-    argv = [src, "-o", tmp_path / "ds", "--tokenizer", toks["hf"], "--schema", schema]
-    assert _pack(*argv, "--keep-field", "url") == 1
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1
-    assert str(schema) in err and "--keep-field url" in err
+    assert str(schema) in err and named in err
     assert not (tmp_path / "ds").exists()
 
 

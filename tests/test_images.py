@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
 import struct
 import sys
 import zlib
@@ -327,6 +329,36 @@ def test_an_image_struct_whose_path_does_not_open_is_named_and_skippable(tmp_pat
     err = _one_line_error(capsys)
     assert f"{src}: row 1" in err and "'/nonexistent/x.png'" in err
     assert _pack(src, "-o", tmp_path / "ds", "--image-size", "8x8", "--skip-bad") == 0
+    assert len(roxxel.open_dataset(tmp_path / "ds")) == 1
+
+
+@pytest.mark.parametrize("kind", ["fifo", "character device", "directory"])
+def test_an_image_struct_path_that_is_no_regular_file_is_a_bad_image(tmp_path, kind, capsys):
+    """A path to a FIFO hung the pack, to /dev/zero read until memory ran out, and to a
+    directory gave a bare IsADirectoryError: only regular files are read."""
+    path = {"fifo": tmp_path / "pipe", "directory": tmp_path}.get(kind, Path("/dev/zero"))
+    if kind == "fifo":
+        os.mkfifo(path)
+    src = _parquet(
+        tmp_path,
+        [{"bytes": _encoded("a.jpg", 0), "path": None}, {"bytes": None, "path": str(path)}],
+        _IMAGE_STRUCT,
+    )
+
+    def hung(*_: object) -> None:
+        raise TimeoutError("the pack hung")
+
+    signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)  # the old code blocked on the FIFO's open for ever
+    try:
+        assert _pack(src, "-o", tmp_path / "ds", "--image-size", "8x8", "--workers", 1) == 1
+        err = _one_line_error(capsys)
+        assert f"{src}: row 1" in err and f"{str(path)!r}" in err
+        assert "not a regular file" in err and kind in err.lower()
+        assert _pack(src, "-o", tmp_path / "ds", "--keep-encoded", "--skip-bad") == 0
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
     assert len(roxxel.open_dataset(tmp_path / "ds")) == 1
 
 

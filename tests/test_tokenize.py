@@ -567,6 +567,43 @@ def test_issue14_tiktoken_ranks_without_every_single_byte_are_refused_at_load(tm
     assert len(err.splitlines()) == 1 and str(ranks) in err
 
 
+def test_issue14_a_rewritten_tiktoken_ranks_file_is_read_anew(tmp_path, monkeypatch):
+    """tiktoken's loader reads a ranks file through a cache in the temp folder keyed by the
+    path's name: a file rewritten at the same path still encoded with its old merges (and
+    every ranks file was copied there). The pack reads the file it hashed."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.chdir(tmp_path)
+    singles = "".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n" for b in range(256))
+    merges = "".join(
+        f"{base64.b64encode(m).decode()} {256 + i}\n" for i, m in enumerate([b"th", b"the"])
+    )
+    Path("ranks.tiktoken").write_text(singles + merges)
+    src = _jsonl(tmp_path / "c.jsonl", ["the the"])
+    assert _pack(src, "-o", "a", "--tokenizer", "ranks.tiktoken") == 0
+    Path("ranks.tiktoken").write_text(singles)  # the merges gone: one id per byte
+    assert _pack(src, "-o", "b", "--tokenizer", "ranks.tiktoken") == 0
+    assert roxxel.open_dataset("a")[0]["tokens"].tolist() == [257, 32, 257]
+    assert roxxel.open_dataset("b")[0]["tokens"].tolist() == list(b"the the")
+    assert roxxel.open_dataset("b").metadata["tokenizer"]["vocab_size"] == 256
+    assert not list((tmp_path / "tmp").rglob("*")), "nothing copied into the temp folder"
+
+
+@pytest.mark.parametrize(
+    ("text", "rule"),
+    [
+        ("YQ== 0 1\n", "line 1"),
+        ("YQ== 0\n!!!! 1\n", "line 2: '!!!!' is not base64"),
+        ("YQ== zero\n", "line 1: 'zero' is not a rank"),
+    ],
+)
+def test_issue14_a_bad_tiktoken_ranks_line_is_named(tmp_path, text, rule):
+    ranks = tmp_path / "ranks.tiktoken"
+    ranks.write_text(text)
+    with pytest.raises(ConfigError, match=rf"ranks\.tiktoken.*{rule}"):
+        load_tokenizer(str(ranks))
+
+
 def test_issue14_hf_text_that_spells_a_special_token_stays_text(toks, tmp_path):
     """HF turned "</s>" written inside a document into the special id, SentencePiece and
     tiktoken kept it as text; now all three do: specials come only from the flags."""

@@ -20,6 +20,7 @@ import importlib
 import io
 import os
 import re
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
@@ -28,7 +29,15 @@ from typing import Any
 import numpy as np
 
 from roxxel.errors import ConfigError
-from roxxel.ingest.units import BadRecords, Input, InputKind, Piece, ReadOptions, Record
+from roxxel.ingest.units import (
+    BadRecords,
+    Input,
+    InputKind,
+    Piece,
+    ReadOptions,
+    Record,
+    special_file_kind,
+)
 
 __all__ = [
     "IMAGE",
@@ -46,6 +55,7 @@ __all__ = [
 EXTRA = "pip install 'roxxel[images]'"
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 MAX_SIDE = 1 << 14
+MAX_IMAGE_FILE_BYTES = 1 << 30  # an Image struct's path holding more is refused
 _IN_MEMORY = re.compile(r" ?<_io\.BytesIO object at 0x[0-9a-fA-F]+>")
 Located = tuple[Record, Piece, int]
 SIXTEEN_BIT_MAX = 0xFFFF
@@ -252,16 +262,38 @@ def _image_bytes(value: Any) -> bytes | None:
             return value["bytes"]
         path = value.get("path")
         if isinstance(path, str):
-            try:
-                with open(path, "rb") as f:
-                    return f.read()
-            except OSError as e:
-                where = "" if os.path.isabs(path) else f"; from the working directory {os.getcwd()}"
-                raise _Refused(
-                    f"image path {path!r} does not open ({e.strerror or e}, expected a readable "
-                    f"file{where})"
-                ) from None
+            return _read_image_path(path)
     return None
+
+
+def _read_image_path(path: str) -> bytes:
+    """The bytes of an ``Image`` struct's file: a regular file of at most
+    `MAX_IMAGE_FILE_BYTES` (a FIFO would block, ``/dev/zero`` never end)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        where = "" if os.path.isabs(path) else f"; from the working directory {os.getcwd()}"
+        raise _Refused(
+            f"image path {path!r} does not open ({e.strerror or e}, expected a readable "
+            f"file{where})"
+        ) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _Refused(
+                f"image path {path!r} is {special_file_kind(info.st_mode)}: not a regular file"
+            )
+        if info.st_size > MAX_IMAGE_FILE_BYTES:
+            raise _Refused(
+                f"image path {path!r} holds {info.st_size} bytes (expected at most "
+                f"MAX_IMAGE_FILE_BYTES = {MAX_IMAGE_FILE_BYTES} for one encoded image)"
+            )
+        file = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with file:
+        return file.read(MAX_IMAGE_FILE_BYTES + 1)
 
 
 def _image_value(record: Record, config: ImageConfig) -> Any:

@@ -35,6 +35,7 @@ from roxxel.ingest.units import (
     Record,
     WorkUnit,
     group_pieces,
+    special_file_kind,
 )
 
 __all__ = [
@@ -76,14 +77,6 @@ def detect_kind(path: str) -> str:
     return kind.name
 
 
-_NOT_REGULAR = (
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
 def _not_regular(path: str) -> str | None:
     """Why ``path`` is not a regular file or a directory (following symlinks), or None."""
     try:
@@ -94,7 +87,7 @@ def _not_regular(path: str) -> str | None:
         return "a dangling symlink" if os.path.islink(path) else f"unreadable ({e.strerror})"
     if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
         return None
-    return next((what for test, what in _NOT_REGULAR if test(mode)), "not a regular file")
+    return special_file_kind(mode)
 
 
 def _walk(directory: str, kind: InputKind | None, skipped: list[str]) -> list[str]:

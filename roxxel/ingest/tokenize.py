@@ -18,6 +18,7 @@ three libraries; ``append_eos`` / ``prepend_bos`` add the tokenizer's own.
 
 from __future__ import annotations
 
+import base64
 import binascii
 import contextlib
 import hashlib
@@ -211,19 +212,17 @@ def _load_sentencepiece(path: str) -> Tokenizer:
 
 def _load_tiktoken(path: str) -> Tokenizer:
     tiktoken = _import("tiktoken")
+    ranks = _read_ranks(path)
     try:
-        ranks = _import("tiktoken.load").load_tiktoken_bpe(path)
         enc = tiktoken.Encoding(
             f"roxxel:{os.path.basename(path)}",
             pat_str=TIKTOKEN_PATTERN,
             mergeable_ranks=ranks,
             special_tokens={},
         )
-    except (ValueError, OSError, binascii.Error) as e:
+    except ValueError as e:
         raise ConfigError(
-            f"--tokenizer {path}: not a tiktoken ranks file ({e}, expected lines "
-            f"'<base64 token> <rank>', or a .json / .model tokenizer)",
-            path=path,
+            f"--tokenizer {path}: not a tiktoken ranks file ({e})", path=path
         ) from None
     missing = [b for b in range(256) if bytes([b]) not in ranks]
     if missing:  # tiktoken panics on the first text holding such a byte
@@ -239,6 +238,37 @@ def _load_tiktoken(path: str) -> Tokenizer:
         return enc.encode_ordinary_batch(texts, num_threads=_THREADS[-1] if _THREADS else 1)
 
     return Tokenizer("tiktoken", int(enc.n_vocab), encode, None, None)
+
+
+def _read_ranks(path: str) -> dict[bytes, int]:
+    """A tiktoken ranks file, read here: tiktoken's own loader goes through a copy in the
+    temp folder keyed by the path's name, so a file rewritten in place kept its old ranks."""
+    ranks: dict[bytes, int] = {}
+    with open(path, "rb") as f:  # readable: file_sha256 read it
+        lines = f.read().splitlines()
+    for number, line in enumerate(lines, 1):
+        if not line:
+            continue
+        parts = line.split()
+        where = f"--tokenizer {path}: line {number}"
+        if len(parts) != 2:
+            raise ConfigError(
+                f"{where}: {len(parts)} words (expected '<base64 token> <rank>': not a tiktoken "
+                f"ranks file, or a .json / .model tokenizer)",
+                path=path,
+            )
+        token, rank = parts
+        try:
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
+        except binascii.Error:
+            raise ConfigError(
+                f"{where}: {token.decode(errors='replace')!r} is not base64", path=path
+            ) from None
+        except ValueError:
+            raise ConfigError(
+                f"{where}: {rank.decode(errors='replace')!r} is not a rank", path=path
+            ) from None
+    return ranks
 
 
 _LOADERS: dict[TokenizerKind, Callable[[str], Tokenizer]] = {

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,7 @@ __all__ = [
     "group_pieces",
     "row_location",
     "row_pieces",
+    "special_file_kind",
 ]
 
 Record = dict[str, Any]
@@ -307,3 +309,21 @@ def check_range(piece: Piece, total: int, what: str) -> None:
             f"{piece.path}: {what} range [{piece.start}, {piece.stop}) out of bounds "
             f"({total} {what}s, expected the input unchanged since planning)"
         )
+
+
+_SPECIAL_FILES = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def special_file_kind(mode: int) -> str:
+    """What a file of ``mode`` (``st_mode``) that is not a regular file is, for messages.
+
+    >>> special_file_kind(stat.S_IFIFO)
+    'a FIFO'
+    """
+    return next((what for test, what in _SPECIAL_FILES if test(mode)), "not a regular file")

@@ -388,6 +388,34 @@ def test_an_image_field_named_like_the_label_field_is_a_usage_error(folder, tmp_
     np.testing.assert_array_equal(ds[0]["pixels"], want)
 
 
+@pytest.mark.parametrize(
+    "fields, named",
+    [
+        (["image:uint8[3,8,8]"], "label"),  # the labels dropped
+        (["image:float32[3,8,8]", "label:int64"], "uint8[3,8,8]"),  # pixels not as packed
+        (["image:uint8[3,4,4]", "label:int64"], "uint8[3,8,8]"),
+        (["label:int64"], "image"),  # the images dropped
+        (["image:uint8[3,8,8]", "label:float32"], "label"),
+    ],
+)
+def test_field_flags_that_do_not_hold_the_images_as_packed_are_refused(
+    folder, tmp_path, capsys, fields, named
+):
+    """--field gives the whole schema: `image:uint8[3,8,8]` alone dropped the class labels
+    while the metadata still named them, and `image:float32[...]` stored floats the metadata
+    called uint8. The image field must be as packed and the label an integer."""
+    argv = [folder, "-o", tmp_path / "ds", "--image-size", "8x8", "--skip-bad"]
+    assert _pack(*argv, *[a for f in fields for a in ("--field", f)]) == 2
+    err = _one_line_error(capsys)
+    assert "--field" in err and named in err
+    assert not (tmp_path / "ds").exists()
+    assert _pack(*argv, "--field", "image:uint8[3,8,8]", "--field", "label:int16") == 0
+    assert roxxel.open_dataset(tmp_path / "ds").schema.to_json() == {
+        "image": "uint8[3,8,8]",
+        "label": "int16",
+    }
+
+
 @pytest.mark.parametrize("kind", ["png_gray", "png_rgb", "tiff_gray16", "tiff_int32"])
 def test_16_bit_images_keep_their_high_byte(kind):
     """A 16-bit grayscale PNG or TIFF opens as mode ``I;16`` (32-bit ``I`` for an int32

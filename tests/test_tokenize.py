@@ -485,6 +485,24 @@ def test_issue14_field_flags_without_the_token_field_are_a_usage_error(toks, tmp
     assert not (tmp_path / "ds").exists()
 
 
+def test_issue14_a_field_flag_not_kept_is_a_usage_error(toks, tmp_path, capsys):
+    """`--field url:str` without `--keep-field url` planned the pack, then stopped it in a
+    worker ("field 'url' missing from the record", which has one), leaving a pack folder."""
+    src = _jsonl(tmp_path / "c.jsonl", _texts(5))
+    argv = [src, "-o", tmp_path / "ds", "--tokenizer", toks["hf"], "--field", "tokens:int32[]"]
+    assert _pack(*argv, "--field", "url:str") == 2
+    err = capsys.readouterr().err.strip()
+    assert "--field url" in err and "--keep-field url" in err
+    assert not (tmp_path / "ds").exists()
+    schema = tmp_path / "schema.toml"
+    schema.write_text('[fields]\ntokens = "int32[]"\nurl = "str"\n')
+    argv = [src, "-o", tmp_path / "ds", "--tokenizer", toks["hf"], "--schema", schema]
+    assert _pack(*argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(schema) in err and "--keep-field url" in err
+    assert not (tmp_path / "ds").exists()
+
+
 @pytest.mark.parametrize(
     "fields, named",
     [

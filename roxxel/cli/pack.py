@@ -71,6 +71,7 @@ from roxxel.ingest.parts import (
 )
 from roxxel.ingest.pool import START_METHODS, UnitPool
 from roxxel.ingest.tokenize import (
+    INTEGER_DTYPES,
     TokenizeConfig,
     file_sha256,
     load_tokenizer,
@@ -351,6 +352,44 @@ def _schema(
     return _transformed(spec, config), f"inferred from the first {len(samples)} records"
 
 
+def _check_given_schema(args: argparse.Namespace, config: PackConfig, schema: dict[str, str]):
+    """A schema from --field or --schema holds what --tokenizer or --image-size make, as
+    they make it: no field of theirs dropped, none another dtype than the metadata says,
+    and (with --tokenizer) no field the records will not have. Raises UsageError for
+    --field, ConfigError naming the --schema file."""
+    problem = _schema_problem(config, schema)
+    if problem is None:
+        return
+    name, rule = problem
+    if args.field:
+        given = f"--field {name}:{schema[name]}" if name in schema else f"--field: no {name!r}"
+        raise UsageError(f"{given}: {rule}")
+    given = f'{name} = "{schema[name]}"' if name in schema else f"no {name!r}"
+    raise ConfigError(f"{args.schema}: {given}: {rule}", path=args.schema)
+
+
+def _schema_problem(config: PackConfig, schema: dict[str, str]) -> tuple[str, str] | None:
+    """(field, rule broken) for the first field of `schema` unlike what the pack makes."""
+    if config.tokenize is not None:
+        tokens = TokenizeConfig.from_json(config.tokenize)
+        for name in schema:
+            if name not in (tokens.out_field, *tokens.keep_fields):
+                return name, (
+                    f"not kept (expected --keep-field {name} too: a --tokenizer pack stores "
+                    f"the token ids and the --keep-field fields)"
+                )
+    if config.images is not None:
+        images = ImageConfig.from_json(config.images)
+        if schema.get(images.field) != images.spec:
+            return images.field, f"expected {images.field}:{images.spec}, the images as packed"
+        if images.classes and schema.get(images.label_field) not in INTEGER_DTYPES:
+            return images.label_field, (
+                f"expected {images.label_field}:int64 (or another integer dtype) for the "
+                f"class folders' labels"
+            )
+    return None
+
+
 def _untokenized(config: PackConfig) -> PackConfig:
     """The config to sample the other fields with: the parent never encodes or decodes (the
     workers do; it starts no tokenizer threads, so the workers can still be forked)."""
@@ -505,6 +544,8 @@ def _config(args: argparse.Namespace, out_dir: str) -> tuple[PackConfig, list[Wo
     if config.tokenize is not None:  # its sample reads the text and kept fields only
         config = _reading(args, config, {})
     schema, source = _schema(args, units, config)
+    if args.field or args.schema:
+        _check_given_schema(args, config, schema)
     parse_compress(config.compress, Schema.parse(schema))  # fail now, not in a worker
     if not args.quiet:
         print(f"schema ({source}): " + ", ".join(f"{k}:{v}" for k, v in schema.items()))

@@ -175,3 +175,25 @@ def test_issue12_item1_workers_hold_the_output_lock_under_every_start_method(tmp
             pass
         assert sorted(r.unit for r in pool.results()) == list(range(len(units)))
     parts.lock_output(out).release()  # every worker has ended: the directory is free
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_a_script_packing_at_its_top_level_is_told_to_guard_the_call(tmp_path, guarded):
+    """Workers that start from a fresh interpreter (forkserver, as with JAX loaded) import
+    the main script again: an unguarded `roxxel.pack` there packed again from inside the
+    worker ("is being packed by pid N"), and the caller only read "a worker process died"."""
+    _corpus(tmp_path / "c.jsonl")
+    call = 'roxxel.pack("c.jsonl", "ds", workers=2, unit_bytes="2K", start_method="forkserver")'
+    body = f'if __name__ == "__main__":\n    {call}\n' if guarded else call + "\n"
+    (tmp_path / "script.py").write_text("import roxxel\n" + body)
+    run = subprocess.run(
+        [sys.executable, "script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    if guarded:
+        assert run.returncode == 0, run.stderr
+        assert (tmp_path / "ds" / "manifest.json").exists()
+        return
+    assert run.returncode != 0
+    assert 'if __name__ == "__main__":' in run.stderr.strip().splitlines()[-1]
+    assert "is being packed by pid" not in run.stderr
+    assert not (tmp_path / "ds" / "manifest.json").exists()

@@ -123,6 +123,12 @@ def pack(
             line refuses (never SystemExit).
         RoxxelError, OSError: bad input, as the command reports it (file, line, rule).
     """
+    if sys._getframe(1).f_globals.get("__name__") == "__mp_main__":
+        raise ConfigError(
+            "roxxel.pack: called while a pack worker process imports the main script (its "
+            "name is __mp_main__ there: the workers start from a fresh interpreter once JAX "
+            'is loaded); expected the call under `if __name__ == "__main__":`'
+        )
     names = [inputs] if isinstance(inputs, str | os.PathLike) else list(inputs)
     parser = _RaisingParser(prog="roxxel")
     sub = parser.add_subparsers(dest="command")

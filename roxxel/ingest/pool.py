@@ -121,6 +121,16 @@ class UnitPool:
         while self.pipes:
             yield from self._collect(block=True)
 
+    def _main_hint(self) -> str:
+        """Where workers start by importing the caller's script (not forked), what an
+        unguarded top-level `roxxel.pack` there does to them."""
+        if self.method == "fork" or "__file__" not in vars(sys.modules["__main__"]):
+            return ""
+        return (
+            "; workers not forked import the main script first, so a script calling "
+            'roxxel.pack at its top level needs it under `if __name__ == "__main__":`'
+        )
+
     def _collect(self, block: bool) -> Iterator[UnitResult]:
         for pipe in wait(self.pipes, timeout=None if block else 0):
             assert isinstance(pipe, Connection)
@@ -130,7 +140,7 @@ class UnitPool:
                 self.stop()
                 raise RoxxelError(
                     "pack: a worker process died; finished work units are kept (expected "
-                    "none to die: rerun the same command to resume)"
+                    f"none to die: rerun the same command to resume{self._main_hint()})"
                 ) from None
             if "result" in message:
                 yield _result_from_json(message["result"])

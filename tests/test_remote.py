@@ -440,6 +440,32 @@ def test_issue15_a_shard_held_while_the_cache_limit_releases_it_still_reads(loca
     assert all(not any(diffs) and len(diffs) == NUM_RECORDS for diffs in got.values())
 
 
+@pytest.mark.parametrize("document_structure", [False, True])
+def test_issue15_token_windows_keep_the_cache_limit(local, tmp_path, document_structure):
+    """TokenWindows kept a view of every shard it had read, so under cache_limit_bytes no
+    shard it had touched could be evicted: after an epoch the whole dataset was cached."""
+    probe = roxxel.open_dataset(local)
+    largest = max(s.num_bytes for s in probe.manifest.shards)
+    limit = 2 * largest
+    dataset = _open(f"file://{local}", tmp_path, limit=limit)
+    options = {"document_structure": document_structure}
+    windows = roxxel.TokenWindows(dataset, "tokens", 4, **options)
+    want = roxxel.TokenWindows(probe, "tokens", 4, **options)
+    config = roxxel.LoaderConfig(num_epochs=1)
+    with (
+        roxxel.Loader(windows, 4, seed=3, config=config) as got,
+        roxxel.Loader(want, 4, seed=3, config=config) as expected,
+    ):
+        for a, b in zip(got, expected, strict=True):
+            for name in b:
+                np.testing.assert_array_equal(a[name], b[name])
+    assert dataset.cache is not None
+    dataset.cache.close()  # and with it the shards fetched ahead of the last steps
+    gc.collect()
+    dataset.cache.evict()
+    assert dataset.cache.cached_bytes() <= limit
+
+
 def test_issue15_pull_to_a_url_is_refused_not_written_to_a_local_folder(
     local, tmp_path, monkeypatch, capsys
 ):

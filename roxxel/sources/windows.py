@@ -71,10 +71,13 @@ def merge_ranges(
 
 class _Stream:
     """Flat arrays side by side as one stream of elements: ``_starts`` (int64, one more
-    than the arrays) says where each begins; a subclass's ``_load(k)`` maps array k."""
+    than the arrays) says where each begins; a subclass's ``_load(k)`` maps array k. The
+    arrays are kept in ``_flats`` unless ``_keeps`` is False: a view holds its shard's
+    mapping, and under a cache limit the dataset must be able to let go of it."""
 
     _starts: np.ndarray
     _flats: list[np.ndarray | None]
+    _keeps: bool = True
 
     def _locate(self, starts: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per window: its first shard, its start in that shard, whether it ends there."""
@@ -121,7 +124,9 @@ class _Stream:
     def _flat(self, shard: int) -> np.ndarray:
         flat = self._flats[shard]
         if flat is None:
-            flat = self._flats[shard] = self._load(shard)
+            flat = self._load(shard)
+            if self._keeps:
+                self._flats[shard] = flat
         return flat
 
     def _load(self, shard: int) -> np.ndarray:
@@ -192,6 +197,7 @@ class TokenWindows(_Stream):
         self._starts = np.asarray(dataset.element_starts(field), dtype=np.int64)
         self._flats: list[np.ndarray | None] = [None] * (len(self._starts) - 1)
         self._offsets: list[np.ndarray | None] = [None] * (len(self._starts) - 1)
+        self._keeps = dataset.cache is None or dataset.cache.config.cache_limit_bytes is None
         total = int(self._starts[-1])
         self._num_windows = 0 if total < self.width else (total - self.width) // self.stride + 1
 
@@ -321,7 +327,9 @@ class TokenWindows(_Stream):
         offsets = self._offsets[shard]
         if offsets is None:
             raw = self.dataset.shard(shard).element_offsets(self.field)
-            offsets = self._offsets[shard] = np.asarray(raw, dtype=np.int64)
+            offsets = np.asarray(raw, dtype=np.int64)
+            if self._keeps:
+                self._offsets[shard] = offsets
         return offsets
 
     def _document_fields(
@@ -374,6 +382,7 @@ class WindowBlend(_Stream):
         self._starts = np.concatenate([*parts, [sum(sizes)]]).astype(np.int64)
         self._owners = [(s, k) for s in sources for k in range(len(s._starts) - 1)]
         self._flats = [None] * len(self._owners)
+        self._keeps = all(source._keeps for source in sources)
         self._strides = np.array([source.stride for source in sources], np.int64)
         self._sizes = np.array([len(source) for source in sources], np.int64)
         first = sources[0]

@@ -466,6 +466,31 @@ def test_issue15_token_windows_keep_the_cache_limit(local, tmp_path, document_st
     assert dataset.cache.cached_bytes() <= limit
 
 
+def test_issue15_a_cached_shard_damaged_on_the_local_disk_is_fetched_again(local, tmp_path, capsys):
+    """A cached shard whose index was damaged after its fetch (a flipped byte: size and
+    trailer still matched) failed every later run with rule R8, in Python, `cat` and
+    `verify`, until the file was deleted by hand. The copy is replaced from the URL."""
+    from roxxel.cli import main
+
+    url = f"file://{local}"
+    first = roxxel.open_dataset(url, cache_dir=tmp_path)
+    want = _labels(first)
+    shard = first.path / first.manifest.shards[1].path
+    del first
+    gc.collect()
+    data = bytearray(shard.read_bytes())
+    data[-200] ^= 0xFF  # inside the index, before the 64-byte trailer
+    shard.write_bytes(bytes(data))
+    again = roxxel.open_dataset(url, cache_dir=tmp_path)
+    assert _labels(again) == want
+    assert again.cache is not None and again.cache.num_fetched == 1
+    del again
+    gc.collect()
+    shard.write_bytes(bytes(data))
+    assert main(["verify", url, "--cache-dir", str(tmp_path)]) == 0
+    assert "OK" in capsys.readouterr().out
+
+
 def test_issue15_pull_to_a_url_is_refused_not_written_to_a_local_folder(
     local, tmp_path, monkeypatch, capsys
 ):

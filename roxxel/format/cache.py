@@ -299,6 +299,19 @@ class ShardCache:
         os.utime(path)  # checked in this boot
         return True
 
+    def discard(self, entry: ShardEntry) -> None:
+        """Remove ``entry``'s published copy, which failed a check when mapped (damaged on
+        this disk since its fetch): the next `fetch` downloads it again. Mappings of the
+        old file stay readable; a fetch of it running now finishes first."""
+        path = self.folder / entry.path
+        lock = os.open(self.folder / f".{entry.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            path.unlink(missing_ok=True)
+        finally:
+            os.close(lock)
+        self._forget(entry.path)
+
     def hold(self, entry: ShardEntry) -> int | None:
         """A file descriptor holding a shared lock on the published shard (close it to let it
         go), or None when it is not there (evicted meanwhile: fetch again)."""

@@ -226,12 +226,11 @@ class Dataset(RecordSource):
     def _open_shard(self, k: int) -> Shard:
         entry = self.manifest.shards[k]
         path = self.path / entry.path
-        held = None
-        if self.cache is not None:
-            path, held = self.cache.fetch_held(entry)
-        shard = Shard(path, verify=self.verify_reads, max_decoded_bytes=self.max_decoded_bytes)
-        if held is not None:  # the shared lock lives as long as the mapping (views included)
-            weakref.finalize(shard._mmap, os.close, held)
+        if self.cache is None:
+            shard = Shard(path, verify=self.verify_reads, max_decoded_bytes=self.max_decoded_bytes)
+        else:
+            shard = self._open_cached(entry)
+            path = shard.path
         found = (len(shard), shard.num_bytes, checksum_text(shard.index_checksum))
         expected = (entry.num_records, entry.num_bytes, entry.checksum)
         if found != expected:
@@ -242,6 +241,28 @@ class Dataset(RecordSource):
                 f"schema {shard.schema.to_json()} differs from the manifest's",
                 f"{self.schema.to_json()}",
             )
+        return shard
+
+    def _open_cached(self, entry: ShardEntry) -> Shard:
+        """A fetched shard, mapped and held. A cached copy whose index fails its checksum
+        was damaged on this disk after its fetch (a fetch checks every byte): it is fetched
+        again, once; a second failure is raised."""
+        assert self.cache is not None
+        try:
+            return self._map_held(entry)
+        except FormatError:
+            self.cache.discard(entry)
+            return self._map_held(entry)
+
+    def _map_held(self, entry: ShardEntry) -> Shard:
+        assert self.cache is not None
+        path, held = self.cache.fetch_held(entry)
+        try:
+            shard = Shard(path, verify=self.verify_reads, max_decoded_bytes=self.max_decoded_bytes)
+        except BaseException:
+            os.close(held)
+            raise
+        weakref.finalize(shard._mmap, os.close, held)  # held as long as the mapping (views too)
         return shard
 
     def _check_entries(self) -> None:

@@ -143,3 +143,16 @@ def test_issue14_roxxel_pack_refuses_bad_arguments_with_config_errors(tmp_path):
     assert not (out / "manifest.json").exists()
     roxxel.pack(src, out, field=["n:int64"], shard_bytes=4096, workers=1, int_dtype="int32")
     assert [int(r["n"]) for r in roxxel.open_dataset(out)] == list(range(5))
+
+
+def test_a_pack_plan_keeps_the_field_order_and_reads_a_plan_of_roxxel_0_1(tmp_path):
+    """plan.json is written with sorted keys, which put the schema's fields in name order:
+    a local pack's manifest then listed them unlike its shards (and a remote pack)."""
+    from roxxel.ingest.parts import PackSpec
+
+    spec = PackSpec("f" * 32, 3, {"tokens": "int32[]", "label": "int64"}, {})
+    where = tmp_path / "plan.json"
+    back = PackSpec.from_json(json.loads(json.dumps(spec.to_json(), sort_keys=True)), where)
+    assert list(back.schema.items()) == [("tokens", "int32[]"), ("label", "int64")]
+    old = {"fingerprint": "f" * 32, "num_units": 3, "schema": {"label": "int64"}, "metadata": {}}
+    assert PackSpec.from_json(old, where).schema == {"label": "int64"}  # an interrupted pack

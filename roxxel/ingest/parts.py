@@ -109,7 +109,9 @@ class PackSpec:
         return {
             "fingerprint": self.fingerprint,
             "num_units": self.num_units,
-            "schema": self.schema,
+            # [name, spec] pairs: the plan is written with sorted keys, the fields keep
+            # their order (the shards' and the manifest's)
+            "schema": [[name, spec] for name, spec in self.schema.items()],
             "metadata": self.metadata,
         }
 
@@ -123,15 +125,20 @@ class PackSpec:
                 path=where,
             )
         num = check_int(f"{where}: num_units", doc["num_units"], 0, MAX_NUM_UNITS, FormatError)
-        schema, metadata = doc["schema"], doc["metadata"]
-        strings = isinstance(schema, dict) and all(isinstance(v, str) for v in schema.values())
-        if not (isinstance(doc["fingerprint"], str) and strings and isinstance(metadata, dict)):
+        pairs, metadata = doc["schema"], doc["metadata"]
+        if isinstance(pairs, dict):  # a plan of roxxel 0.1 (fields in name order): resumable
+            pairs = [list(item) for item in pairs.items()]
+        fields = isinstance(pairs, list) and all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(v, str) for v in p)
+            for p in pairs
+        )
+        if not (isinstance(doc["fingerprint"], str) and fields and isinstance(metadata, dict)):
             raise FormatError(
                 f"{where}: bad plan values (expected a string fingerprint, a schema of "
-                f"strings and a metadata object)",
+                f"[name, spec] string pairs and a metadata object)",
                 path=where,
             )
-        return cls(doc["fingerprint"], num, schema, metadata)
+        return cls(doc["fingerprint"], num, dict(pairs), metadata)
 
 
 def shard_name(unit: int, k: int) -> str:

@@ -491,6 +491,24 @@ def test_issue15_a_cached_shard_damaged_on_the_local_disk_is_fetched_again(local
     assert "OK" in capsys.readouterr().out
 
 
+def test_issue15_a_shard_name_near_the_length_limit_is_cached(local, tmp_path):
+    """A shard named with 250-255 characters (valid: it opens locally) could not be cached:
+    ".<name>.part" and ".<name>.lock" passed the file system's 255-byte limit, and the
+    error blamed a full disk."""
+    copy = tmp_path / "ds"
+    shutil.copytree(local, copy)
+    doc = json.loads((copy / "manifest.json").read_text())
+    for k, shard in enumerate(doc["shards"][:2]):
+        long = f"{k}{'s' * 250}.rxs"[-255:]
+        (copy / shard["path"]).rename(copy / long)
+        shard["path"] = long
+    (copy / "manifest.json").write_text(json.dumps(doc))
+    want = _labels(roxxel.open_dataset(copy))
+    assert _labels(roxxel.open_dataset(f"file://{copy}", cache_dir=tmp_path / "cache")) == want
+    limited = _open(f"file://{copy}", tmp_path / "small", limit=1)
+    assert _labels(limited) == want  # evictions take the same lock files
+
+
 def test_issue15_pull_to_a_url_is_refused_not_written_to_a_local_folder(
     local, tmp_path, monkeypatch, capsys
 ):

@@ -70,6 +70,7 @@ from roxxel.format.remote import FetchPolicy, RemoteStore, join_url
 __all__ = ["CacheConfig", "ShardCache", "default_cache_dir", "num_missing", "num_queued"]
 
 _PART = ".part"
+_NAME_MAX_BYTES = 255  # a file name's limit on Linux file systems
 # Every cache object, so a forked child can drop its parent's fetch threads and locks, and
 # `num_queued` can count their waiting fetches; guarded by _COUNTS_LOCK.
 _OPEN: weakref.WeakSet[ShardCache] = weakref.WeakSet()
@@ -299,12 +300,20 @@ class ShardCache:
         os.utime(path)  # checked in this boot
         return True
 
+    def remove_lock_files(self, entries: Iterable[ShardEntry]) -> None:
+        """Remove the lock files of these shards: only when no fetch can run (no process
+        uses this folder, as at the end of `roxxel pull`)."""
+        for entry in entries:
+            _side(self.folder, entry.path, ".lock").unlink(missing_ok=True)
+
     def discard(self, entry: ShardEntry) -> None:
         """Remove ``entry``'s published copy, which failed a check when mapped (damaged on
         this disk since its fetch): the next `fetch` downloads it again. Mappings of the
         old file stay readable; a fetch of it running now finishes first."""
         path = self.folder / entry.path
-        lock = os.open(self.folder / f".{entry.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+        lock = os.open(
+            _side(self.folder, entry.path, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+        )
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
             path.unlink(missing_ok=True)
@@ -448,7 +457,7 @@ class ShardCache:
         path = self.folder / entry.path
         with _writing(self.folder):
             lock = os.open(
-                self.folder / f".{entry.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+                _side(self.folder, entry.path, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
             )
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -461,7 +470,7 @@ class ShardCache:
                     raise _NoRoom(entry.path)
                 self._reserved += entry.num_bytes
             # one name per shard: the lock is ours, and a part left by a dead fetcher is reused
-            temp = self.folder / f".{entry.path}{_PART}"
+            temp = _side(self.folder, entry.path, _PART)
             try:
                 self._download(entry, temp)
                 self._check(entry, temp)
@@ -636,6 +645,16 @@ def _matches(fd: int, entry: ShardEntry) -> bool:
     )
 
 
+def _side(folder: Path, name: str, suffix: str) -> Path:
+    """The cache's own file beside shard ``name``: ``.<name><suffix>`` (its lock, its
+    download), or a digest of the name in its place where that would pass the 255 bytes a
+    file name may have."""
+    side = f".{name}{suffix}"
+    if len(side.encode()) > _NAME_MAX_BYTES:
+        side = f".{hashlib.blake2b(name.encode(), digest_size=16).hexdigest()}{suffix}"
+    return folder / side
+
+
 def _published(folder: Path) -> list[tuple[Path, int, float]]:
     """(path, bytes, last use) of each published shard of a cache folder."""
     found = []
@@ -666,7 +685,7 @@ def _held(path: Path) -> int:
 
 def _remove_if_unused(path: Path) -> bool:
     """Unlink a published shard if no process maps it and none fetches it right now."""
-    lock = os.open(path.parent / f".{path.name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+    lock = os.open(_side(path.parent, path.name, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
     try:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

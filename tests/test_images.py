@@ -10,6 +10,7 @@ import os
 import signal
 import struct
 import sys
+import warnings
 import zlib
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,37 @@ def test_issue14_grayscale_and_rgba_convert_to_rgb_exactly():
     assert got.reshape(3, -1)[:, 0].tolist() == [10, 200, 30]
 
 
+def _palette_png_with_alphas() -> bytes:
+    """A palette PNG whose tRNS chunk gives each palette entry an alpha (Pillow: bytes)."""
+    rng = np.random.default_rng(3)
+    img = Image.fromarray(rng.integers(0, 16, (21, 34), dtype=np.uint8), "P")
+    img.putpalette(rng.integers(0, 256, 16 * 3, dtype=np.uint8).tobytes())
+    buf = io.BytesIO()
+    img.save(buf, "PNG", transparency=bytes(range(0, 256, 16)))
+    return buf.getvalue()
+
+
+def test_a_palette_png_with_alphas_packs_without_pillows_warning(tmp_path, capsys):
+    """`convert("RGB")` of a palette image with per-entry alphas let Pillow's two-line
+    UserWarning ("Palette images with Transparency expressed in bytes should be converted
+    to RGBA images") through to a pack's stderr; the alpha is dropped anyway: the pixels are
+    still Pillow's `convert("RGB")`, without the warning."""
+    data = _palette_png_with_alphas()
+    assert isinstance(Image.open(io.BytesIO(data)).info["transparency"], bytes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = _reference(data, 9, 13).transpose(2, 0, 1)
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "t.png").write_bytes(data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert (
+            _pack(tmp_path / "photos" / "t.png", "-o", tmp_path / "ds", "--image-size", "9x13") == 0
+        )
+    assert capsys.readouterr().err == ""
+    np.testing.assert_array_equal(roxxel.open_dataset(tmp_path / "ds")[0]["image"], want)
+
+
 def test_issue14_keep_encoded_stores_the_file_bytes(folder, tmp_path):
     out = tmp_path / "ds"
     assert _pack(folder, "-o", out, "--keep-encoded", "--skip-bad") == 0
@@ -177,11 +209,18 @@ def test_issue14_parquet_image_bytes_corrupt_row_is_named(tmp_path, capsys):
     np.testing.assert_array_equal(ds[1]["image"], _reference(payloads[2], 8, 8).transpose(2, 0, 1))
 
 
-@pytest.mark.parametrize("text", ["64by64", "0x8", "x", "8x8x8", "99999x1"])
-def test_issue14_image_size_that_does_not_parse_is_one_line(folder, tmp_path, text, capsys):
-    assert _pack(folder, "-o", tmp_path / "ds", "--image-size", text) == 1
+@pytest.mark.parametrize("text", ["64by64", "0x8", "x", "64x", "8x8x8", "99999x1"])
+def test_issue14_image_size_that_does_not_parse_is_a_one_line_usage_error(
+    folder, tmp_path, text, capsys
+):
+    """A bad --image-size exited 1, as for bad input; the command line is wrong: exit 2
+    (docs/cli.md), one line naming the flag and its value."""
+    assert _pack(folder, "-o", tmp_path / "ds", "--image-size", text) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "--image-size" in err
+    assert len(err.splitlines()) == 1 and f"--image-size {text!r}" in err
+    assert not (tmp_path / "ds").exists()
+    with pytest.raises(ConfigError):  # the library's parse is no command line: ConfigError
+        parse_image_size(text)
     with pytest.raises(ConfigError):
         parse_image_size(text)
 

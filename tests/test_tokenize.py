@@ -276,7 +276,10 @@ def test_issue14_token_id_beyond_the_field_dtype_names_the_record(toks, tmp_path
     assert f"{src}:2" in err and "uint8" in err
 
 
-@pytest.mark.parametrize("flag", [["--append-eos"], ["--eos-id", "3"], ["--keep-field", "url"]])
+@pytest.mark.parametrize(
+    "flag",
+    [["--append-eos"], ["--eos-id", "3"], ["--bos-id", "3"], ["--keep-field", "url"]],
+)
 def test_issue14_tokenizer_options_without_tokenizer_are_usage_errors(tmp_path, flag):
     src = _jsonl(tmp_path / "c.jsonl", _texts(3))
     assert _pack(src, "-o", tmp_path / "ds", *flag) == 2
@@ -672,3 +675,98 @@ def test_issue14_tokenizer_config_special_missing_from_the_vocabulary_is_named(
     assert _pack(*argv) == 0
     if flag == "--append-eos":
         assert _pack(*argv, "--eos-id", 0, "--overwrite") == 0
+
+
+@pytest.mark.parametrize("value", ["-1", "4294967296", "9223372036854775808"])
+@pytest.mark.parametrize("flag", ["--eos-id", "--bos-id"])
+def test_a_special_id_out_of_range_is_a_one_line_usage_error(toks, tmp_path, capsys, flag, value):
+    """`--eos-id -1` exited 1, as for bad input, while other flag errors exit 2; an id past
+    uint32 (the widest token dtype picked) stopped at the first record, or in a traceback
+    past int64. The command line is wrong (docs/cli.md): one line naming flag and value."""
+    src = _jsonl(tmp_path / "c.jsonl", _texts(3))
+    assert _pack(src, "-o", tmp_path / "ds", "--tokenizer", toks["hf"], f"{flag}={value}") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{flag} {value}" in err
+    assert not (tmp_path / "ds").exists()
+
+
+def test_bos_id_starts_each_tiktoken_text_with_it(toks, tmp_path):
+    """A tiktoken ranks file has no special tokens: `--prepend-bos` was impossible without a
+    `--bos-id N`, the mirror of `--eos-id N` (it implies --prepend-bos)."""
+    texts = _texts(20)
+    src, out = _jsonl(tmp_path / "c.jsonl", texts), tmp_path / "ds"
+    assert _pack(src, "-o", out, "--tokenizer", toks["tiktoken"], "--bos-id", 0) == 0
+    enc = _tiktoken_encoding(toks["tiktoken"])
+    ds = roxxel.open_dataset(out)
+    assert [ds[i]["tokens"].tolist() for i in range(len(texts))] == [
+        [0, *enc.encode(t)] for t in texts
+    ]
+    assert (ds.metadata["tokenizer"]["bos_id"], ds.metadata["tokenizer"]["eos_id"]) == (0, None)
+
+
+def test_bos_id_from_python_starts_each_hf_text_with_it(toks, tmp_path):
+    texts = _texts(20)
+    src, out = _jsonl(tmp_path / "c.jsonl", texts), tmp_path / "ds"
+    roxxel.pack(src, out, tokenizer=toks["hf"], bos_id=7, append_eos=True)
+    tok = tokenizers.Tokenizer.from_file(str(toks["hf"]))
+    eos = tok.token_to_id("<|endoftext|>")
+    ds = roxxel.open_dataset(out)
+    for i, text in enumerate(texts):
+        assert ds[i]["tokens"].tolist() == [7, *tok.encode(text, add_special_tokens=False).ids, eos]
+    assert (ds.metadata["tokenizer"]["bos_id"], ds.metadata["tokenizer"]["eos_id"]) == (7, eos)
+
+
+def test_prepend_bos_without_a_bos_token_asks_for_bos_id(toks, tmp_path, capsys):
+    src = _jsonl(tmp_path / "c.jsonl", _texts(3))
+    assert _pack(src, "-o", tmp_path / "ds", "--tokenizer", toks["tiktoken"], "--prepend-bos") == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--bos-id N" in err and str(toks["tiktoken"]) in err
+
+
+@pytest.mark.parametrize(
+    ("key", "flag", "id_flag"),
+    [("eos_token", "--append-eos", "--eos-id"), ("bos_token", "--prepend-bos", "--bos-id")],
+)
+def test_a_null_special_token_in_tokenizer_config_means_none(
+    toks, tmp_path, capsys, key, flag, id_flag
+):
+    """`"eos_token": null` in tokenizer_config.json fell back to guessing `</s>` from the
+    vocabulary: null says the tokenizer names none, so the flag asking for it stops the pack
+    naming the file and the flag that gives the id."""
+    hf = tokenizers.Tokenizer.from_file(str(toks["hf"]))
+    hf.add_special_tokens(["<s>", "</s>"])  # what a guess would find
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    hf.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({key: None}))
+    src = _jsonl(tmp_path / "c.jsonl", _texts(5))
+    argv = [src, "-o", tmp_path / "ds", "--tokenizer", folder / "tokenizer.json"]
+    assert _pack(*argv, flag) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert str(folder / "tokenizer_config.json") in err and f"{key} is null" in err
+    assert f"{id_flag} N" in err
+    assert not (tmp_path / "ds").exists()
+    assert _pack(*argv, flag, id_flag, 3) == 0
+    tokens = roxxel.open_dataset(tmp_path / "ds")[0]["tokens"].tolist()
+    assert (tokens[-1] if flag == "--append-eos" else tokens[0]) == 3
+
+
+@pytest.mark.parametrize("flag", ["--eos-id", "--bos-id"])
+def test_a_special_id_past_the_vocabulary_is_kept_with_a_note(toks, tmp_path, capsys, flag):
+    """`--eos-id 70000` with a vocabulary of 500 switched the tokens to uint32 silently. An id
+    past the tokenizer's vocabulary is legitimate (a model's padded vocabulary; a tiktoken
+    ranks file's EOS, which the file lacks): kept, with one note line (none with -q)."""
+    texts = _texts(4)
+    src, out = _jsonl(tmp_path / "c.jsonl", texts), tmp_path / "ds"
+    argv = ["pack", str(src), "-o", str(out), "--tokenizer", str(toks["hf"]), flag, "70000"]
+    assert main(argv) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "note" in line]
+    vocab = tokenizers.Tokenizer.from_file(str(toks["hf"])).get_vocab_size()
+    assert len(notes) == 1 and f"{flag} 70000" in notes[0]
+    assert f"vocabulary of {vocab}" in notes[0] and "uint32" in notes[0]
+    ds = roxxel.open_dataset(out)
+    assert ds.schema.to_json() == {"tokens": "uint32[]"}
+    assert 70000 in (ds[0]["tokens"][-1], ds[0]["tokens"][0])
+    assert main([*argv, "--overwrite", "-q"]) == 0
+    assert capsys.readouterr().err == ""

@@ -72,6 +72,7 @@ from roxxel.ingest.parts import (
 from roxxel.ingest.pool import START_METHODS, UnitPool
 from roxxel.ingest.tokenize import (
     INTEGER_DTYPES,
+    MAX_TOKEN_ID,
     TokenizeConfig,
     file_sha256,
     load_tokenizer,
@@ -264,6 +265,9 @@ def _add_tokenize_flags(p: argparse.ArgumentParser) -> None:
         "--eos-id", type=int, metavar="N", help="end each text with N (implies --append-eos)"
     )
     g.add_argument(
+        "--bos-id", type=int, metavar="N", help="start each text with N (implies --prepend-bos)"
+    )
+    g.add_argument(
         "--keep-field", action="append", default=[], metavar="NAME", help="also keep this field"
     )
 
@@ -296,6 +300,7 @@ def add_merge_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _check_args(args: argparse.Namespace) -> None:
+    _check_values(args)
     if args.num_tasks < 1 or not 0 <= args.task_index < args.num_tasks:
         raise UsageError(
             f"--task-index {args.task_index} --num-tasks {args.num_tasks}: expected 0 <= I < T"
@@ -308,9 +313,12 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError("--field and --schema: give the schema one way")
     if args.tokenizer is not None and (args.image_size or args.keep_encoded):
         raise UsageError("--tokenizer and --image-size/--keep-encoded: pack text or images")
-    text_only = args.append_eos or args.prepend_bos or args.eos_id is not None or args.keep_field
+    ids = args.eos_id is not None or args.bos_id is not None
+    text_only = args.append_eos or args.prepend_bos or ids or args.keep_field
     if text_only and args.tokenizer is None:
-        raise UsageError("--append-eos/--prepend-bos/--eos-id/--keep-field: expected --tokenizer")
+        raise UsageError(
+            "--append-eos/--prepend-bos/--eos-id/--bos-id/--keep-field: expected --tokenizer"
+        )
     if (args.channels_last or args.image_pad) and not args.image_size:
         raise UsageError("--channels-last/--image-pad: expected --image-size HxW")
     if args.keep_encoded and args.image_size:
@@ -325,6 +333,19 @@ def _check_args(args: argparse.Namespace) -> None:
             )
     if args.storage_options is not None and not is_url(args.output):
         raise UsageError(f"--storage-options with -o {args.output}: expected -o URL")
+
+
+def _check_values(args: argparse.Namespace) -> None:
+    """Flag values that parse as their type but not as the flag: usage errors too (exit 2),
+    as argparse's own."""
+    for flag, value in (("--eos-id", args.eos_id), ("--bos-id", args.bos_id)):
+        if value is not None and not 0 <= value <= MAX_TOKEN_ID:
+            raise UsageError(f"{flag} {value}: expected a token id in [0, {MAX_TOKEN_ID}]")
+    if args.image_size is not None:
+        try:
+            parse_image_size(args.image_size)
+        except ConfigError as e:  # the library's word for it: here, the command line's
+            raise UsageError(str(e)) from None
 
 
 def _schema(
@@ -422,19 +443,35 @@ def _tokenize(args: argparse.Namespace) -> dict[str, object] | None:
         return None
     sha256 = file_sha256(args.tokenizer)
     tok = load_tokenizer(args.tokenizer, sha256)
-    highest = max(tok.vocab_size - 1, args.eos_id or 0)
+    highest = max(tok.vocab_size - 1, args.eos_id or 0, args.bos_id or 0)
     config = TokenizeConfig(
         path=args.tokenizer,
         sha256=sha256,
         dtype=_token_dtype(args, token_dtype(highest + 1)),
         text_field=args.text_field,
         append_eos=args.append_eos or args.eos_id is not None,
-        prepend_bos=args.prepend_bos,
+        prepend_bos=args.prepend_bos or args.bos_id is not None,
         eos_id=args.eos_id,
+        bos_id=args.bos_id,
         keep_fields=tuple(args.keep_field),
     )
     config.specials(tok)
+    _note_past_vocabulary(args, tok.vocab_size, config.dtype)
     return dataclasses.asdict(config)
+
+
+def _note_past_vocabulary(args: argparse.Namespace, vocab_size: int, dtype: str) -> None:
+    """A note line (unless -q) for an --eos-id / --bos-id past the tokenizer's vocabulary:
+    kept, since a model's vocabulary may be padded past the tokenizer's (and a tiktoken
+    ranks file lacks the EOS its model uses), but said, with the dtype it may have widened."""
+    for flag, value in (("--eos-id", args.eos_id), ("--bos-id", args.bos_id)):
+        if value is not None and value >= vocab_size and not args.quiet:
+            print(
+                f"roxxel: note: {flag} {value} is outside the tokenizer's vocabulary of "
+                f"{vocab_size} ids [0, {vocab_size}) (kept, as for a padded vocabulary; "
+                f"tokens stored as {dtype})",
+                file=sys.stderr,
+            )
 
 
 def _token_dtype(args: argparse.Namespace, default: str) -> str:

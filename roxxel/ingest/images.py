@@ -224,7 +224,8 @@ def decode_image(data: bytes, config: ImageConfig) -> np.ndarray:
 
 
 def _rgb(img: Any, image_mod: ModuleType) -> Any:
-    """An image as RGB: 8-bit modes as Pillow converts them; 16-bit integers (modes
+    """An image as RGB: 8-bit modes as Pillow converts them (a transparency, dropped, is
+    taken out of ``img.info`` first: no warning for a palette's alphas); 16-bit integers (modes
     ``I;16*``, and ``I`` with values in [0, 65535]: older Pillows open a 16-bit PNG as
     ``I``) by their high byte, ``v >> 8``, as Pillow reads a 16-bit RGB PNG itself.
 
@@ -234,6 +235,9 @@ def _rgb(img: Any, image_mod: ModuleType) -> Any:
     if img.mode == "RGB":
         return img  # convert would copy it
     if img.mode not in ("I", "F") and not img.mode.startswith("I;16"):
+        # RGB has no transparency, and convert reads it only to warn ("Palette images with
+        # Transparency expressed in bytes...") or keep it: the pixels are the same without
+        img.info.pop("transparency", None)
         return img.convert("RGB")
     low, high = img.getextrema()
     if img.mode == "F" or low < 0 or high > SIXTEEN_BIT_MAX:

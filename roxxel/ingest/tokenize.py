@@ -13,7 +13,8 @@ the ids as an array of the token dtype: the smallest unsigned type that holds th
 vocabulary (`token_dtype`) unless the schema says otherwise (an integer dtype,
 `token_field_dtype`). Special tokens are never added by the tokenizer itself, and a
 document's text that spells one (``</s>``, ``<|endoftext|>``) is encoded as text by all
-three libraries; ``append_eos`` / ``prepend_bos`` add the tokenizer's own.
+three libraries; ``append_eos`` / ``prepend_bos`` add the tokenizer's own (or ``eos_id`` /
+``bos_id``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import contextlib
 import hashlib
 import importlib
 import itertools
+import json
 import os
 import re
 import sys
@@ -38,6 +40,7 @@ from roxxel.ingest.units import BadRecords, Piece, Record
 
 __all__ = [
     "BATCH_TEXTS",
+    "MAX_TOKEN_ID",
     "TIKTOKEN_PATTERN",
     "TokenizeConfig",
     "Tokenizer",
@@ -53,6 +56,7 @@ __all__ = [
 
 BATCH_TEXTS = 512  # texts per encode_batch call
 INTEGER_DTYPES = ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64")
+MAX_TOKEN_ID = (1 << 32) - 1  # the largest id `token_dtype` holds: --eos-id / --bos-id N
 EXTRA = "pip install 'roxxel[tokenizers]'"
 # GPT-2's pre-tokenizer split, the one tiktoken's own r50k/p50k encodings use
 TIKTOKEN_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -141,16 +145,20 @@ def _special(
 ) -> tuple[int | None, str | None]:
     """A special token's id: the one ``key`` of tokenizer_config.json (``where``) names, else
     the first of ``names`` in the vocabulary; (None, why) when the config names a token the
-    vocabulary lacks (an error only if the token is asked for: see `TokenizeConfig.specials`).
+    vocabulary lacks, or none (``null``: never guessed then), an error only if the token is
+    asked for: see `TokenizeConfig.specials`.
     """
-    configured = config.get(key)
+    if key not in config:
+        return next((ids[n] for n in names if n in ids), None), None
+    configured = config[key]
     if isinstance(configured, dict):  # tokenizer_config.json: {"content": "</s>", ...}
         configured = configured.get("content")
-    if isinstance(configured, str):
-        if configured in ids:
-            return ids[configured], None
-        return None, f"{where}: {key} {configured!r} is not a token of the tokenizer"
-    return next((ids[n] for n in names if n in ids), None), None
+    if not isinstance(configured, str):
+        found = json.dumps(config[key])
+        return None, f"{where}: {key} is {found}: the tokenizer names no such token"
+    if configured in ids:
+        return ids[configured], None
+    return None, f"{where}: {key} {configured!r} is not a token of the tokenizer"
 
 
 def _load_hf(path: str) -> Tokenizer:
@@ -357,7 +365,8 @@ class TokenizeConfig:
         text_field: the input field holding the text.
         out_field: the output field of token ids; ``dtype`` their dtype.
         append_eos / prepend_bos: add the tokenizer's own EOS / BOS ids;
-        eos_id: the EOS id to use instead of the tokenizer's own.
+        eos_id / bos_id: the EOS / BOS id to use instead of the tokenizer's own, in
+            [0, `MAX_TOKEN_ID`] (past the vocabulary too: a model's padded vocabulary).
         keep_fields: input fields copied to the output unchanged.
     """
 
@@ -369,6 +378,7 @@ class TokenizeConfig:
     append_eos: bool = False
     prepend_bos: bool = False
     eos_id: int | None = None
+    bos_id: int | None = None
     keep_fields: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -377,8 +387,9 @@ class TokenizeConfig:
                 f"token dtype: {self.dtype!r} (expected an integer dtype: "
                 f"{', '.join(INTEGER_DTYPES)})"
             )
-        if self.eos_id is not None:
-            check_int("--eos-id", self.eos_id, low=0)
+        for flag, value in (("--eos-id", self.eos_id), ("--bos-id", self.bos_id)):
+            if value is not None:
+                check_int(flag, value, low=0, high=MAX_TOKEN_ID)
         if self.out_field in self.keep_fields:
             raise ConfigError(
                 f"--keep-field {self.out_field}: the token field's name (expected another field)"
@@ -391,13 +402,14 @@ class TokenizeConfig:
     def specials(self, tok: Tokenizer) -> tuple[list[int], list[int]]:
         """(ids before, ids after) every text; raises ConfigError when one is missing."""
         eos = self.eos_id if self.eos_id is not None else tok.eos_id
+        bos = self.bos_id if self.bos_id is not None else tok.bos_id
         if self.append_eos and eos is None:
             why = tok.eos_missing or f"{self.path} has no EOS token"
             raise ConfigError(f"--append-eos: {why} (expected one, or pass --eos-id N)")
-        if self.prepend_bos and tok.bos_id is None:
+        if self.prepend_bos and bos is None:
             why = tok.bos_missing or f"{self.path} has no BOS token"
-            raise ConfigError(f"--prepend-bos: {why} (expected one)")
-        before = [tok.bos_id] if self.prepend_bos and tok.bos_id is not None else []
+            raise ConfigError(f"--prepend-bos: {why} (expected one, or pass --bos-id N)")
+        before = [bos] if self.prepend_bos and bos is not None else []
         return before, [eos] if self.append_eos and eos is not None else []
 
     def metadata(self, tok: Tokenizer) -> dict[str, Any]:

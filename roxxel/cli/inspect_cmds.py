@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from roxxel.cli.args import add_url_flags, storage_options, url_options
-from roxxel.errors import ConfigError, FormatError
+from roxxel.errors import ConfigError, FormatError, without_credentials
 from roxxel.format.dataset import Dataset, open_dataset
 from roxxel.format.reader import Corruption
 
@@ -88,7 +88,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         for s in ds.manifest.shards
     ]
     doc = {
-        "path": ds.url or str(ds.path),
+        "path": str(ds.path) if ds.url is None else without_credentials(ds.url),  # logged
         "num_records": ds.num_records,
         "num_shards": ds.num_shards,
         "num_bytes": sum(s["num_bytes"] for s in shards),
@@ -154,15 +154,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
             options = [args.storage_options] * len(ks)
             found = list(pool.map(_verify_shard, paths, ks, caches, options))
     bad = [c for shard in found for c in shard]
+    name = without_credentials(args.dataset)  # stdout ends up in logs
     for c in bad:
         where = f"record {c.record}, field {c.field!r}" if c.record >= 0 else "shard"
-        print(f"{c.path}: {where}: {c.message}")
+        print(without_credentials(f"{c.path}: {where}: {c.message}"))
     if bad:
         print(
-            f"{args.dataset}: {len(bad)} corruptions in {sum(1 for s in found if s)} of {ds.num_shards} shards"
+            f"{name}: {len(bad)} corruptions in {sum(1 for s in found if s)} of {ds.num_shards} shards"
         )
         return 1
-    print(f"{args.dataset}: OK ({ds.num_records} records in {ds.num_shards} shards)")
+    print(f"{name}: OK ({ds.num_records} records in {ds.num_shards} shards)")
     return 0
 
 

@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from roxxel.cli.args import storage_options
+from roxxel.errors import without_credentials
 from roxxel.format.upload import upload_dataset
 
 __all__ = ["add_push_parser"]
@@ -50,5 +51,5 @@ def cmd_push(args: argparse.Namespace) -> int:
         workers=args.workers,
         on_shard=progress,
     )
-    print(f"{args.url}: {num} shards and the manifest uploaded")
+    print(f"{without_credentials(args.url)}: {num} shards and the manifest uploaded")
     return 0

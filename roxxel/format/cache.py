@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from roxxel.errors import ConfigError, FormatError, RoxxelError, check_int
+from roxxel.errors import ConfigError, FormatError, RoxxelError, check_int, without_credentials
 from roxxel.format.column import WHY
 from roxxel.format.manifest import (
     MANIFEST_MAX_BYTES,
@@ -120,6 +120,12 @@ class CacheConfig:
     cache_limit_bytes: int | None = None
     max_fetches: int = 4
     policy: FetchPolicy = field(default_factory=FetchPolicy)
+
+    def __repr__(self) -> str:  # a URL's password and the storage options: never shown
+        return (
+            f"CacheConfig({without_credentials(self.url)!r}, {str(self.cache_dir)!r}, "
+            f"cache_limit_bytes={self.cache_limit_bytes}, max_fetches={self.max_fetches})"
+        )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cache_dir", Path(self.cache_dir))
@@ -401,7 +407,7 @@ class ShardCache:
             self._let_go(name)
 
     def __repr__(self) -> str:
-        return f"ShardCache({self.config.url!r}, folder={str(self.folder)!r})"
+        return f"ShardCache({without_credentials(self.config.url)!r}, folder={str(self.folder)!r})"
 
     def _start_threads(self) -> None:
         """Daemons (a download in flight never holds up an exit) that hold this cache only

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from roxxel.errors import ConfigError, FormatError
+from roxxel.errors import ConfigError, FormatError, without_credentials
 from roxxel.format.cache import CacheConfig, ShardCache, default_cache_dir
 from roxxel.format.gather import Batch, Group, RecordSource, gather, normalize_indices, read_cap
 from roxxel.format.manifest import (
@@ -107,7 +107,8 @@ class Dataset(RecordSource):
 
     @property
     def where(self) -> str:
-        return str(self.path) if self.url is None else self.url
+        """What messages call the dataset: its folder, or its URL with no password."""
+        return str(self.path) if self.url is None else without_credentials(self.url)
 
     @property
     def name(self) -> str:
@@ -301,8 +302,8 @@ class Dataset(RecordSource):
         state = (str(self.path), self.fingerprint, self.verify_reads, self.max_decoded_bytes)
         return (_reopen, (*state, config))
 
-    def __repr__(self) -> str:
-        where = str(self.path) if self.url is None else self.url
+    def __repr__(self) -> str:  # a repr ends up in logs: a URL's password is masked
+        where = str(self.path) if self.url is None else without_credentials(self.url)
         return (
             f"Dataset({where!r}, num_records={self._num}, num_shards={self.num_shards},"
             f" fields={self.schema.to_json()})"

@@ -4,8 +4,10 @@ retries that end in one clear error.
 fsspec is imported only when a URL is opened (``pip install roxxel[remote]``, or
 ``roxxel[s3]`` / ``roxxel[gcs]`` for the protocol's package too), so ``import roxxel`` stays
 light. Credentials and endpoints come from where each protocol looks (environment, config
-files) or from ``storage_options``; nothing here logs or prints them, and error messages name
-the URL only.
+files) or from ``storage_options``; nothing here logs or prints them. Every error raised here
+names the URL with its user and password masked, and carries no library error as its cause or
+context (its message, an endpoint with a token, say, would show in the traceback): the kind and
+first line of that error go into the message, with each storage option value named instead.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from roxxel.errors import ConfigError, RoxxelError, check_int
+from roxxel.errors import ConfigError, RoxxelError, check_int, without_credentials
 
 __all__ = ["FetchPolicy", "RemoteStore", "is_url", "join_url"]
 
@@ -29,8 +31,13 @@ T = TypeVar("T")
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
 # the extra that installs a protocol's package
 _EXTRAS = {"s3": "roxxel[s3]", "s3a": "roxxel[s3]", "gs": "roxxel[gcs]", "gcs": "roxxel[gcs]"}
-# errors no retry can fix: the object is not there (the caller names the rule)
-_MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
+# errors no retry can fix: the object is not there (the caller names the rule), and errno
+_MISSING_ERRNO = {
+    FileNotFoundError: errno.ENOENT,
+    IsADirectoryError: errno.EISDIR,
+    NotADirectoryError: errno.ENOTDIR,
+}
+_MISSING = tuple(_MISSING_ERRNO)
 
 
 def is_url(path: object) -> bool:
@@ -76,7 +83,8 @@ class RemoteStore:
     raises ``ConnectionError`` (an ``OSError``) naming the URL and the last failure once
     ``policy.attempts`` tries failed; a missing object raises ``FileNotFoundError`` at once,
     and a refusal to read (credentials) or any other error no retry fixes (a storage option
-    the protocol does not take, say) a `ConfigError` naming the URL.
+    the protocol does not take, say) a `ConfigError` naming the URL. None of them shows the
+    URL's password or a storage option, nor chains the library's error (module docstring).
     """
 
     def __init__(
@@ -118,39 +126,56 @@ class RemoteStore:
 
     def retry(self, where: str, call: Callable[[], T]) -> T:
         """``call()``, tried up to ``policy.attempts`` times (see the class contract)."""
-        last: BaseException | None = None
-        for attempt in range(self.policy.attempts):
-            if attempt:
-                time.sleep(self.policy.backoff_s * 2 ** (attempt - 1))
+        attempt = 0
+        while True:
             try:
                 return call()
-            except _MISSING:
-                raise
-            except PermissionError as exc:
-                raise ConfigError(
-                    f"{where}: access denied ({exc}; expected credentials that may read it:"
-                    " the protocol's environment variables, config files or storage_options)",
-                    path=where,
-                ) from None
-            except (OSError, RuntimeError, TimeoutError) as exc:  # network, server, client
-                last = exc
             except RoxxelError:
                 raise
-            except Exception as exc:  # botocore, aiohttp & co. raise their own kinds
-                if not _transient(exc):
-                    raise ConfigError(
-                        f"{where}: {_told(exc, self.storage_options)} (expected storage"
-                        " options, credentials and an endpoint the protocol accepts)",
-                        path=where,
-                    ) from None
-                last = exc
-        raise ConnectionError(
-            f"{where}: unreachable after {self.policy.attempts} attempts"
-            f" ({_told(last, self.storage_options)}, expected a reachable store)"
-        ) from last
+            except Exception as exc:  # judged below, outside this handler: no context
+                failure = exc
+            attempt += 1
+            if attempt == self.policy.attempts or not _retryable(failure):
+                raise _failure(where, failure, attempt, self.storage_options)
+            time.sleep(self.policy.backoff_s * 2 ** (attempt - 1))
 
-    def __repr__(self) -> str:  # storage options may hold credentials: never shown
-        return f"RemoteStore({self.url!r})"
+    def __repr__(self) -> str:  # storage options and a URL's password: never shown
+        return f"RemoteStore({without_credentials(self.url)!r})"
+
+
+def _retryable(exc: Exception) -> bool:
+    """Whether another try may fix what ``call()`` raised: a network, server or client
+    error, of Python's kinds or (by `_transient`) of a protocol's library."""
+    if isinstance(exc, (*_MISSING, PermissionError)):
+        return False
+    return isinstance(exc, OSError | RuntimeError) or _transient(exc)
+
+
+def _failure(where: str, exc: Exception, attempts: int, options: dict[str, Any]) -> Exception:
+    """The error a read of ``where`` raises after ``attempts`` tries that ended in ``exc``
+    (the class contract), built from scratch: ``exc`` and its message are not kept."""
+    if isinstance(exc, _MISSING):  # fsspec's own names the URL as given, password and all
+        code = next(c for kind, c in _MISSING_ERRNO.items() if isinstance(exc, kind))
+        return OSError(code, os.strerror(code), without_credentials(where))
+    if isinstance(exc, PermissionError):
+        return ConfigError(
+            f"{where}: access denied ({_masked(str(exc), options)}; expected credentials that"
+            " may read it: the protocol's environment variables, config files or"
+            " storage_options)",
+            path=where,
+        )
+    if _retryable(exc):
+        return ConnectionError(
+            without_credentials(
+                f"{where}: unreachable after {attempts} attempts"
+                f" ({_told(exc, options)}, expected a reachable store)"
+            )
+        )
+    return ConfigError(
+        f"{where}: {_told(exc, options)} (expected storage options, credentials and an"
+        " endpoint the protocol accepts)",
+        path=where,
+    )
 
 
 def _cat(fs: Any, path: str, start: int, stop: int | None) -> bytes:
@@ -174,14 +199,23 @@ def _transient(exc: BaseException) -> bool:
     return any(word in name for word in ("Connection", "Timeout", "ServerError"))
 
 
-def _told(exc: BaseException | None, options: dict[str, Any]) -> str:
-    """``"Kind: message"`` of a library's error, on one line, with the value of every storage
-    option in it named instead of shown (an endpoint may carry a token)."""
-    text = f"{type(exc).__name__}: {str(exc).strip().partition(chr(10))[0]}"
+def _told(exc: BaseException, options: dict[str, Any]) -> str:
+    """``"Kind: message"`` of a library's error, on one line, shown as `_masked` says."""
+    return _masked(f"{type(exc).__name__}: {str(exc).strip().partition(chr(10))[0]}", options)
+
+
+def _masked(text: str, options: dict[str, Any]) -> str:
+    """``text`` with the value of every storage option in it named instead of shown (an
+    endpoint may carry a token) and the password of every URL in it masked.
+
+    >>> _masked("GET http://me:pw@h/x/b/k failed", {"endpoint_url": "http://me:pw@h/x/"})
+    'GET <storage_options endpoint_url>b/k failed'
+    """
     for name, value in _option_values(options):
-        if len(value) >= 4:
-            text = text.replace(value, f"<storage_options {name}>")
-    return text
+        for shown in (value, value.rstrip("/")):  # a library may drop the trailing slash
+            if len(shown) >= 4:
+                text = text.replace(shown, f"<storage_options {name}>")
+    return without_credentials(text)
 
 
 def _option_values(options: Any, prefix: str = "") -> Iterator[tuple[str, str]]:

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from roxxel.errors import ConfigError, check_int
+from roxxel.errors import ConfigError, check_int, without_credentials
 from roxxel.format.dataset import Dataset
 from roxxel.format.manifest import MANIFEST_NAME
 from roxxel.format.remote import FetchPolicy, RemoteStore, is_url, join_url
@@ -165,6 +165,8 @@ def _put(store: RemoteStore, local: Path, name: str, num_bytes: int) -> None:
     store.retry(where, lambda: fs.put_file(str(local), remote))
     size = store.size(name)
     if size != num_bytes:
-        raise ConnectionError(
-            f"{where}: the server holds {size} bytes after the upload (expected {num_bytes})"
+        raise ConnectionError(  # not a RoxxelError, so masked here
+            without_credentials(
+                f"{where}: the server holds {size} bytes after the upload (expected {num_bytes})"
+            )
         )

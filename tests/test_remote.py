@@ -1158,6 +1158,38 @@ def test_pull_stages_a_dataset_verified_and_resumes_after_a_refused_shard(local,
     assert roxxel.open_dataset(out).fingerprint == roxxel.open_dataset(local).fingerprint
 
 
+def test_issue15_a_pull_rerun_fetches_again_a_shard_damaged_in_dir(local, tmp_path, capsys):
+    """A rerun kept every shard whose size and trailer matched ("0 fetched, N already
+    there", exit 0) though one's index was damaged: DIR then failed rule R8 when read."""
+    from roxxel.cli import main
+
+    out = tmp_path / "out"
+    assert main(["pull", f"file://{local}", str(out), "-q"]) == 0
+    shard = out / roxxel.open_dataset(local).manifest.shards[1].path
+    data = bytearray(shard.read_bytes())
+    data[-200] ^= 0xFF  # inside the index, before the 64-byte trailer
+    shard.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(["pull", f"file://{local}", str(out), "-q"]) == 0
+    assert "(1 fetched," in capsys.readouterr().out
+    assert _labels(roxxel.open_dataset(out)) == list(range(NUM_RECORDS))
+    assert not [n for n in os.listdir(out) if n.endswith(".lock")]
+
+
+def test_issue15_pull_into_a_folder_of_other_files_is_refused(local, tmp_path, capsys):
+    """A folder left by a stopped pull of another dataset (its shards, no manifest) was
+    pulled into: the other dataset's shards stayed beside this one's."""
+    from roxxel.cli import main
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "part-000000-0000.rxs").write_bytes(b"another dataset's shard")
+    assert main(["pull", f"file://{local}", str(out), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert str(out) in err and "part-000000-0000.rxs" in err
+    assert not (out / "manifest.json").exists()
+
+
 def test_issue15_the_cli_never_prints_a_password_given_in_a_url(tmp_path, capsys):
     from roxxel.cli import main
 

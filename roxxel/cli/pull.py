@@ -17,10 +17,11 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from roxxel.cli.args import storage_options
-from roxxel.errors import ConfigError
+from roxxel.errors import ConfigError, FormatError
 from roxxel.format.cache import CacheConfig, ShardCache
 from roxxel.format.dataset import open_dataset
 from roxxel.format.manifest import MANIFEST_NAME, Manifest
+from roxxel.format.reader import Shard
 from roxxel.format.remote import is_url
 
 __all__ = ["add_pull_parser"]
@@ -64,6 +65,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     cache = ShardCache(config, folder=folder)
     manifest = cache.read_manifest()
     _check_destination(folder, manifest)
+    _drop_damaged(cache, manifest)
     fetched = _fetch_all(cache, manifest, args.workers, not args.quiet)
     _publish_manifest(folder, manifest)
     dataset = open_dataset(folder)  # every rule of a local dataset (M1-M9) on what we wrote
@@ -76,13 +78,33 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def _check_destination(folder: Path, manifest: Manifest) -> None:
-    """DIR may be empty, a stopped pull of this dataset, or this dataset pulled already."""
+    """DIR may be empty, a stopped pull of this dataset, or this dataset pulled already:
+    nothing in it but this dataset's files (and hidden ones: the cache's locks and parts)."""
     path = folder / MANIFEST_NAME
     if path.exists() and path.read_bytes() != manifest.to_json():
         raise ConfigError(
             f"{folder}: holds another dataset ({MANIFEST_NAME} differs, expected an empty"
             " folder or a pull of the same dataset)"
         )
+    ours = {MANIFEST_NAME, *(entry.path for entry in manifest.shards)}
+    others = sorted(n for n in os.listdir(folder) if not n.startswith(".") and n not in ours)
+    if others:
+        raise ConfigError(
+            f"{folder}: holds {len(others)} files that are not this dataset's, e.g."
+            f" {others[0]!r} (expected an empty folder or a pull of the same dataset)"
+        )
+
+
+def _drop_damaged(cache: ShardCache, manifest: Manifest) -> None:
+    """Discard a shard a stopped pull left whose index no longer matches its checksum (its
+    size and trailer, which a rerun looks at first, do): it is fetched again."""
+    for entry in manifest.shards:
+        if not cache.is_current(entry):
+            continue
+        try:
+            Shard(cache.folder / entry.path).close()
+        except FormatError:
+            cache.discard(entry)
 
 
 def _fetch_all(cache: ShardCache, manifest: Manifest, workers: int, progress: bool) -> int:
@@ -103,8 +125,7 @@ def _fetch_all(cache: ShardCache, manifest: Manifest, workers: int, progress: bo
         except BaseException:  # the first failure ends the pull: no queued fetch starts (what
             pool.shutdown(cancel_futures=True)  # is fetched stays for a rerun)
             raise
-    for entry in manifest.shards:  # no fetch runs now: the lock files have done their work
-        (cache.folder / f".{entry.path}.lock").unlink(missing_ok=True)
+    cache.remove_lock_files(manifest.shards)  # no fetch runs now: they have done their work
     return cache.num_fetched
 
 

@@ -491,6 +491,32 @@ def test_issue15_a_cached_shard_damaged_on_the_local_disk_is_fetched_again(local
     assert "OK" in capsys.readouterr().out
 
 
+def test_issue15_verify_fetches_again_a_cached_shard_whose_records_were_damaged(
+    local, tmp_path, capsys
+):
+    """A record byte flipped in a cached shard after its fetch (which hashed every record)
+    was reported by `verify` naming the cache file, as if the data at the URL were bad, and
+    every later read kept serving it. `verify` replaces the copy from the URL instead."""
+    from roxxel.cli import main
+
+    url = f"file://{local}"
+    first = roxxel.open_dataset(url, cache_dir=tmp_path)
+    want = _labels(first)
+    shard = first.path / first.manifest.shards[2].path
+    del first
+    gc.collect()
+    _corrupt_record_byte(shard)
+    dataset = roxxel.open_dataset(url, cache_dir=tmp_path)
+    assert dataset.verify() == []
+    assert _labels(dataset) == want
+    assert dataset.cache is not None and dataset.cache.num_fetched == 1
+    del dataset
+    gc.collect()
+    _corrupt_record_byte(shard)
+    assert main(["verify", url, "--cache-dir", str(tmp_path)]) == 0
+    assert "OK" in capsys.readouterr().out
+
+
 def test_issue15_a_shard_name_near_the_length_limit_is_cached(local, tmp_path):
     """A shard named with 250-255 characters (valid: it opens locally) could not be cached:
     ".<name>.part" and ".<name>.lock" passed the file system's 255-byte limit, and the

@@ -137,7 +137,7 @@ def _verify_shard(
 ) -> list[Corruption]:
     try:
         where = url_options(path, cache_dir, storage_options(options))
-        return open_dataset(path, **where).shard(k).verify()
+        return open_dataset(path, **where).verify_shard(k)
     except FormatError as e:
         return [Corruption(path, -1, "", str(e))]
 

@@ -208,14 +208,27 @@ class Dataset(RecordSource):
     def verify(self, workers: int | None = None) -> list[Corruption]:
         """Check every checksum of every shard, ``workers`` threads at a time."""
         with ThreadPoolExecutor(max_workers=workers or min(4, os.cpu_count() or 1)) as pool:
-            found = pool.map(self._verify_shard, range(self.num_shards))
+            found = pool.map(self.verify_shard, range(self.num_shards))
             return [c for shard in found for c in shard]
 
-    def _verify_shard(self, k: int) -> list[Corruption]:
+    def verify_shard(self, k: int) -> list[Corruption]:
+        """Shard ``k``'s corruptions (`verify` of one shard). A cached copy with any was damaged on this disk since
+        its fetch (which checks every record): it is replaced from the URL and checked
+        again, so only what the URL holds is reported."""
+        found = self._corruptions(k)
+        if found and self.cache is not None:
+            with self._lock:
+                self._shards[k] = None  # views of the damaged copy keep reading it
+            self.cache.discard(self.manifest.shards[k])
+            found = self._corruptions(k)
+        return found
+
+    def _corruptions(self, k: int) -> list[Corruption]:
         try:
             return self.shard(k).verify()
         except FormatError as exc:
-            return [Corruption(str(self.path / self.manifest.shards[k].path), -1, "", str(exc))]
+            where = self.where if self.cache is not None else str(self.path)
+            return [Corruption(f"{where}/{self.manifest.shards[k].path}", -1, "", str(exc))]
 
     def _columns(self, k: int, local: np.ndarray) -> Any:
         shard = self.shard(k)

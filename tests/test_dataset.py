@@ -91,6 +91,40 @@ def test_get_batch_gathers_small_and_large_fields_alike(tmp_path) -> None:
         np.testing.assert_array_equal(out["big"], big[idx])
 
 
+@pytest.mark.parametrize("compress", [None, {"image": "zstd:1"}])
+@pytest.mark.parametrize("verify", [False, True])
+def test_get_batch_of_rows_spread_over_many_shards(tmp_path, monkeypatch, compress, verify) -> None:
+    """A batch whose rows come from about as many shards as rows (copied row by row) reads
+    what one with many rows per shard (taken and scattered per shard) reads: the records
+    asked, in order, repeats and negative indices included, into the buffers given."""
+    from roxxel.format import dataset as dataset_module
+
+    by_row = []
+    gather_rows = dataset_module.gather_rows
+    monkeypatch.setattr(
+        dataset_module, "gather_rows", lambda *a: by_row.append(1) or gather_rows(*a)
+    )
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 255, (120, 2, 3), dtype=np.uint8)
+    schema = {"image": "uint8[2,3]", "label": "int64"}
+    out_dir = tmp_path / "ds"
+    with roxxel.DatasetWriter(out_dir, schema, shard_bytes=120, compress=compress) as w:
+        for i in range(120):
+            w.write({"image": images[i], "label": i})
+    ds = roxxel.open_dataset(out_dir, verify=verify)
+    assert ds.num_shards >= 12
+    for idx in (rng.integers(-120, 120, 24).tolist(), [7, 7, -1, 0, 119], rng.integers(0, 8, 40)):
+        want = np.asarray(idx) % 120
+        got = ds.get_batch(idx)
+        np.testing.assert_array_equal(got["image"], images[want])
+        np.testing.assert_array_equal(got["label"], want)
+        out = {"image": np.empty((len(want), 2, 3), np.uint8)}
+        assert ds.get_batch(idx, fields=["image"], out=out)["image"] is out["image"]
+        np.testing.assert_array_equal(out["image"], images[want])
+        assert set(out) == {"image"}
+    assert bool(by_row) == (compress is None and not verify)  # row by row where it may
+
+
 def test_get_batch_selects_fields_and_pads_to_the_longest(dataset_dir) -> None:
     ds = roxxel.open_dataset(dataset_dir)
     batch = ds.get_batch([1, 4], fields=["tokens"])

@@ -31,6 +31,7 @@ __all__ = [
     "allocate",
     "check_read_bytes",
     "gather",
+    "gather_rows",
     "normalize_indices",
     "read_cap",
 ]
@@ -204,6 +205,29 @@ def gather(
                     column.take(local, dest)
                 else:
                     dest[rows] = column.take(local)
+    return batch
+
+
+def gather_rows(
+    row_columns: Sequence[Mapping[str, Any]],
+    local: Sequence[int],
+    fields: Sequence[Field],
+    out: Batch | None,
+    cap: int = MAX_DECODED_BYTES,
+    where: object = "get_batch",
+) -> Batch:
+    """`gather` of fixed-shape, uncompressed fields one row at a time: row i is record
+    ``local[i]`` of the shard whose columns are ``row_columns[i]``. When a batch's rows are
+    spread over about as many shards as rows, a copy per row costs less than `gather`'s
+    take and scatter per shard."""
+    size = len(local)
+    batch: Batch = out if out is not None else {}
+    nbytes = sum(size * f.unit_bytes for f in fields)
+    check_read_bytes(where, f"a batch of {size} records", nbytes, cap)
+    for field in fields:
+        dest, name = _buffer(batch, field.name, (size, *field.fixed_shape), field.dtype), field.name
+        for row, (columns, i) in enumerate(zip(row_columns, local, strict=True)):
+            dest[row] = columns[name].flat[i]
     return batch
 
 

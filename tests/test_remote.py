@@ -466,53 +466,46 @@ def test_issue15_token_windows_keep_the_cache_limit(local, tmp_path, document_st
     assert dataset.cache.cached_bytes() <= limit
 
 
-def test_issue15_a_cached_shard_damaged_on_the_local_disk_is_fetched_again(local, tmp_path, capsys):
-    """A cached shard whose index was damaged after its fetch (a flipped byte: size and
-    trailer still matched) failed every later run with rule R8, in Python, `cat` and
-    `verify`, until the file was deleted by hand. The copy is replaced from the URL."""
-    from roxxel.cli import main
-
-    url = f"file://{local}"
-    first = roxxel.open_dataset(url, cache_dir=tmp_path)
-    want = _labels(first)
-    shard = first.path / first.manifest.shards[1].path
-    del first
+def _cached(url: str, cache_dir: Path, k: int) -> tuple[list[int], Path]:
+    """Every record read once through a cache (so every shard is fetched): the labels and
+    the cached file of shard ``k``, no longer mapped."""
+    dataset = roxxel.open_dataset(url, cache_dir=cache_dir)
+    labels, path = _labels(dataset), dataset.path / dataset.manifest.shards[k].path
+    del dataset
     gc.collect()
-    data = bytearray(shard.read_bytes())
+    return labels, path
+
+
+def _damage_index(path: Path) -> None:
+    data = bytearray(path.read_bytes())
     data[-200] ^= 0xFF  # inside the index, before the 64-byte trailer
-    shard.write_bytes(bytes(data))
-    again = roxxel.open_dataset(url, cache_dir=tmp_path)
-    assert _labels(again) == want
-    assert again.cache is not None and again.cache.num_fetched == 1
-    del again
-    gc.collect()
-    shard.write_bytes(bytes(data))
-    assert main(["verify", url, "--cache-dir", str(tmp_path)]) == 0
-    assert "OK" in capsys.readouterr().out
+    path.write_bytes(bytes(data))
 
 
-def test_issue15_verify_fetches_again_a_cached_shard_whose_records_were_damaged(
-    local, tmp_path, capsys
+@pytest.mark.parametrize("damage", ["index", "record"])
+def test_issue15_a_cached_shard_damaged_on_the_local_disk_is_fetched_again(
+    local, tmp_path, capsys, damage
 ):
-    """A record byte flipped in a cached shard after its fetch (which hashed every record)
-    was reported by `verify` naming the cache file, as if the data at the URL were bad, and
-    every later read kept serving it. `verify` replaces the copy from the URL instead."""
+    """A cached shard damaged after its fetch (which checked every byte) was served or
+    refused for ever: a flipped index byte (size and trailer still matched) failed every
+    later run with rule R8, in Python, `cat` and `verify`, until the file was deleted by
+    hand; a flipped record byte was reported by `verify` naming the cache file, as if the
+    data at the URL were bad. Mapping the index, or `verify` for the records, now replaces
+    the copy from the URL."""
     from roxxel.cli import main
 
     url = f"file://{local}"
-    first = roxxel.open_dataset(url, cache_dir=tmp_path)
-    want = _labels(first)
-    shard = first.path / first.manifest.shards[2].path
-    del first
-    gc.collect()
-    _corrupt_record_byte(shard)
+    want, shard = _cached(url, tmp_path, 1)
+    spoil = _damage_index if damage == "index" else _corrupt_record_byte
+    spoil(shard)
     dataset = roxxel.open_dataset(url, cache_dir=tmp_path)
-    assert dataset.verify() == []
+    if damage == "record":  # only a check of every record sees it
+        assert dataset.verify() == []
     assert _labels(dataset) == want
     assert dataset.cache is not None and dataset.cache.num_fetched == 1
     del dataset
     gc.collect()
-    _corrupt_record_byte(shard)
+    spoil(shard)
     assert main(["verify", url, "--cache-dir", str(tmp_path)]) == 0
     assert "OK" in capsys.readouterr().out
 
@@ -1191,10 +1184,7 @@ def test_issue15_a_pull_rerun_fetches_again_a_shard_damaged_in_dir(local, tmp_pa
 
     out = tmp_path / "out"
     assert main(["pull", f"file://{local}", str(out), "-q"]) == 0
-    shard = out / roxxel.open_dataset(local).manifest.shards[1].path
-    data = bytearray(shard.read_bytes())
-    data[-200] ^= 0xFF  # inside the index, before the 64-byte trailer
-    shard.write_bytes(bytes(data))
+    _damage_index(out / roxxel.open_dataset(local).manifest.shards[1].path)
     capsys.readouterr()
     assert main(["pull", f"file://{local}", str(out), "-q"]) == 0
     assert "(1 fetched," in capsys.readouterr().out

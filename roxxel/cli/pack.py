@@ -379,7 +379,9 @@ def _schema(
     return _transformed(spec, config), f"inferred from the first {len(samples)} records"
 
 
-def _check_given_schema(args: argparse.Namespace, config: PackConfig, schema: dict[str, str]):
+def _check_given_schema(
+    args: argparse.Namespace, config: PackConfig, schema: dict[str, str]
+) -> None:
     """A schema from --field or --schema holds what --tokenizer or --image-size make, as
     they make it: no field of theirs dropped, none another dtype than the metadata says,
     and (with --tokenizer) no field the records will not have. Raises UsageError for

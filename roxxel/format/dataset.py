@@ -197,10 +197,8 @@ class Dataset(RecordSource):
         if shard_ids.size and shard_ids[0] == shard_ids[-1] and (shard_ids == shard_ids[0]).all():
             groups.append((self._columns(int(shard_ids[0]), local), None, local))
         elif (by_row := self._row_columns(shard_ids, fields_read)) is not None:
-            where = self.where
-            return gather_rows(
-                by_row, local.tolist(), fields_read, out, self.max_decoded_bytes, where
-            )
+            cap, where = self.max_decoded_bytes, self.where
+            return gather_rows(by_row, local.tolist(), fields_read, out, cap, where)
         else:
             order = np.argsort(shard_ids, kind="stable")
             cuts = np.flatnonzero(np.diff(shard_ids[order])) + 1
@@ -243,9 +241,9 @@ class Dataset(RecordSource):
             return [c for shard in found for c in shard]
 
     def verify_shard(self, k: int) -> list[Corruption]:
-        """Shard ``k``'s corruptions (`verify` of one shard). A cached copy with any was damaged on this disk since
-        its fetch (which checks every record): it is replaced from the URL and checked
-        again, so only what the URL holds is reported."""
+        """Shard ``k``'s corruptions (`verify` of one shard). A cached copy with any was
+        damaged on this disk since its fetch (which checks every record): it is replaced
+        from the URL and checked again, so only what the URL holds is reported."""
         found = self._corruptions(k)
         if found and self.cache is not None:
             with self._lock:
@@ -258,8 +256,7 @@ class Dataset(RecordSource):
         try:
             return self.shard(k).verify()
         except FormatError as exc:
-            where = self.where if self.cache is not None else str(self.path)
-            return [Corruption(f"{where}/{self.manifest.shards[k].path}", -1, "", str(exc))]
+            return [Corruption(f"{self.where}/{self.manifest.shards[k].path}", -1, "", str(exc))]
 
     def _columns(self, k: int, local: np.ndarray) -> Any:
         shard = self.shard(k)

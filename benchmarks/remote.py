@@ -454,6 +454,18 @@ def _cores_bound(rounds: list[dict[str, float]]) -> tuple[float, list[float]]:
     return round(statistics.median(each), 2), [round(x, 2) for x in each]
 
 
+def _process_bound(rounds: list[dict[str, float]]) -> tuple[float, list[float]]:
+    """The same work kept in one process, as the cache and the Loader are: this process's
+    CPU of a bare verified download of every shard and of an epoch over the filled cache,
+    run on about one core (its threads share one GIL; the epochs measured use one core's
+    worth of CPU for their whole time): bulk / max(bulk, that CPU)."""
+    each = []
+    for r in rounds:
+        cpu = r["verified_bulk_s_cpu"] + r["prefetch_warm_epoch_cpu"]
+        each.append(r["bulk_s"] / max(r["bulk_s"], cpu))
+    return round(statistics.median(each), 2), [round(x, 2) for x in each]
+
+
 def _cpu_row(rounds: list[dict[str, float]], name: str, walls: tuple[str, ...]) -> str:
     client, server = _median(rounds, f"{name}_cpu"), _median(rounds, f"{name}_server_cpu")
     seconds = statistics.median(sum(r[w] for w in walls) for r in rounds)
@@ -499,6 +511,8 @@ def _report(args: Any, bench: Bench, rounds: list[dict], streaming_error: str | 
         ),
         "bound on these cores: bulk / max(bulk, (CPU of that download + of the warm epoch)"
         " / cores)": _cores_bound(rounds),
+        "the same in one process (one GIL): bulk / max(bulk, this process's CPU of that"
+        " download + of the warm epoch)": _process_bound(rounds),
         "CPU s (this process + server) in wall s (prefetch: and the warm epoch)": {
             name: _cpu_row(rounds, name, wall)
             for name, wall in (

@@ -1306,6 +1306,20 @@ def test_push_publishes_the_manifest_last_and_a_killed_upload_never_opens(s3, lo
     assert dataset.fingerprint == roxxel.open_dataset(local).fingerprint
 
 
+def test_push_to_a_bucket_that_does_not_exist_creates_none(s3, local, capsys):
+    """`fs.makedirs` (meant for file:// folders) made s3fs create the bucket: a typo in a
+    bucket's name pushed (or packed) into a new bucket of the account, exit 0."""
+    from roxxel.cli import main
+
+    options = json.dumps(s3.options)
+    assert main(["push", str(local), "s3://typo-bucket/ds", "--storage-options", options]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "s3://typo-bucket/ds" in err
+    assert "creates no bucket" in err
+    s3.fs.invalidate_cache()
+    assert "typo-bucket" not in [b.rstrip("/") for b in s3.fs.ls("")]
+
+
 def test_push_refuses_a_broken_local_dataset_before_uploading(local, tmp_path):
     from roxxel.format.upload import upload_dataset
 

@@ -65,14 +65,14 @@ def upload_dataset(
     fs, root = store.filesystem()
     target = f"{root.rstrip('/')}/{MANIFEST_NAME}"
     manifest_url = join_url(url, MANIFEST_NAME)
-    store.retry(url, lambda: fs.makedirs(root, exist_ok=True))  # a folder for file://
+    _make_folder(store, url, root)
     if store.retry(manifest_url, lambda: fs.exists(target)):
         store.retry(manifest_url, lambda: fs.rm_file(target))
     entries = dataset.manifest.shards
     files = [(e.path, e.num_bytes) for e in entries]
     put_files(store, dataset.path, files, workers=workers, on_file=on_shard)
     data = dataset.manifest.to_json()
-    store.retry(manifest_url, lambda: fs.pipe_file(target, data))
+    _written(store, manifest_url, lambda: fs.pipe_file(target, data))
     return len(entries)
 
 
@@ -103,10 +103,32 @@ def put_bytes(store: RemoteStore, name: str, data: bytes) -> None:
     fs, root = store.filesystem()
     target = f"{root.rstrip('/')}/{name}"
     where = join_url(store.url, name)
-    if "/" in name:  # a folder for file://; object stores have none to make
-        parent = target.rsplit("/", 1)[0]
-        store.retry(where, lambda: fs.makedirs(parent, exist_ok=True))
-    store.retry(where, lambda: fs.pipe_file(target, data))
+    if "/" in name:
+        _make_folder(store, where, target.rsplit("/", 1)[0])
+    _written(store, where, lambda: fs.pipe_file(target, data))
+
+
+def _written(store: RemoteStore, where: str, put: Callable[[], object]) -> None:
+    """``put()`` retried; a store that has no place for it (a bucket that does not exist)
+    is a ConfigError naming ``where``."""
+    try:
+        store.retry(where, put)
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{where}: nowhere to write it (expected an existing bucket or folder: roxxel "
+            f"creates no bucket)",
+            path=where,
+        ) from None
+
+
+def _make_folder(store: RemoteStore, where: str, folder: str) -> None:
+    """``folder`` made on a local file system (``file://``), where a file needs one. Object
+    stores have no folders to make, and s3fs's ``makedirs`` creates a *bucket*: a typo in
+    a bucket's name would quietly make a new one."""
+    fs, _ = store.filesystem()
+    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+    if protocols & {"file", "local"}:
+        store.retry(where, lambda: fs.makedirs(folder, exist_ok=True))
 
 
 def remove_object(store: RemoteStore, name: str) -> None:
@@ -162,7 +184,7 @@ def _put(store: RemoteStore, local: Path, name: str, num_bytes: int) -> None:
     fs, root = store.filesystem()
     remote = f"{root.rstrip('/')}/{name}"
     where = join_url(store.url, name)
-    store.retry(where, lambda: fs.put_file(str(local), remote))
+    _written(store, where, lambda: fs.put_file(str(local), remote))
     size = store.size(name)
     if size != num_bytes:
         raise ConnectionError(  # not a RoxxelError, so masked here

@@ -156,3 +156,36 @@ def test_a_pack_plan_keeps_the_field_order_and_reads_a_plan_of_roxxel_0_1(tmp_pa
     assert list(back.schema.items()) == [("tokens", "int32[]"), ("label", "int64")]
     old = {"fingerprint": "f" * 32, "num_units": 3, "schema": {"label": "int64"}, "metadata": {}}
     assert PackSpec.from_json(old, where).schema == {"label": "int64"}  # an interrupted pack
+
+
+@pytest.mark.parametrize(
+    ("inputs", "named"),
+    [
+        (None, "NoneType"),
+        (5, "int"),
+        (b"c.jsonl", "bytes"),
+        ([5], "int"),
+        (["c.jsonl", None], "NoneType"),
+    ],
+)
+def test_pack_from_python_refuses_inputs_that_are_no_paths(tmp_path, inputs, named):
+    """`roxxel.pack(None, ...)` raised a bare TypeError, and bytes were read as a list of
+    numbers: "100: no such file or directory"."""
+    with pytest.raises(ConfigError, match=rf"roxxel.pack: inputs.*{named}.*expected"):
+        roxxel.pack(inputs, tmp_path / "ds")
+    assert not (tmp_path / "ds").exists()
+
+
+def test_pack_from_python_takes_storage_options_as_a_dict_and_never_shows_them(tmp_path):
+    """`storage_options` had to be JSON text, and a dict was refused with its values, a
+    secret included, in the message."""
+    src = tmp_path / "c.jsonl"
+    src.write_text("".join(json.dumps({"x": i}) + "\n" for i in range(5)))
+    url = f"file://{tmp_path}/ds"
+    roxxel.pack(src, url, storage_options={"auto_mkdir": True})
+    assert len(roxxel.open_dataset(url, cache_dir=tmp_path / "cache")) == 5
+    with pytest.raises(ConfigError) as caught:
+        roxxel.pack(src, url, storage_options=["SUPERSECRET123"])
+    assert "SUPERSECRET123" not in str(caught.value) and "storage_options" in str(caught.value)
+    with pytest.raises(ConfigError, match="quiet"):
+        roxxel.pack(src, url, quiet="no")

@@ -11,7 +11,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import islice
 from pathlib import Path
 from typing import NoReturn
@@ -130,7 +130,9 @@ def pack(
             "name is __mp_main__ there: the workers start from a fresh interpreter once JAX "
             'is loaded); expected the call under `if __name__ == "__main__":`'
         )
-    names = [inputs] if isinstance(inputs, str | os.PathLike) else list(inputs)
+    names = _input_names(inputs)
+    if not isinstance(quiet, bool):
+        raise ConfigError(f"roxxel.pack: quiet={quiet!r} (expected True or False)")
     parser = _RaisingParser(prog="roxxel")
     sub = parser.add_subparsers(dest="command")
     add_pack_parser(sub)
@@ -149,6 +151,8 @@ def pack(
                 raise ConfigError(f"roxxel.pack: {name}={value!r} (expected True or False)")
             argv += [flag] if value else []
             continue
+        if name == "storage_options" and isinstance(value, Mapping):
+            value = json.dumps(value)  # the flag takes JSON text; Python callers hold a dict
         repeats = isinstance(action.default, list)  # --field, --keep-field, --compress
         values = list(value) if repeats and isinstance(value, list | tuple) else [value]
         argv += [f"{flag}={_option_text(name, v)}" for v in values]
@@ -169,15 +173,38 @@ class _RaisingParser(argparse.ArgumentParser):
         raise ConfigError(f"roxxel.pack: {message}")
 
 
+def _input_names(inputs: object) -> list[str]:
+    """`roxxel.pack`'s inputs as the command line's: one path, or an iterable of paths."""
+    if isinstance(inputs, str | os.PathLike):
+        inputs = [inputs]
+    if isinstance(inputs, bytes) or not isinstance(inputs, Iterable):
+        raise _not_paths(inputs)
+    names = list(inputs)
+    for name in names:
+        if not isinstance(name, str | os.PathLike):
+            raise _not_paths(name)
+    if not names:
+        raise ConfigError("roxxel.pack: no inputs (expected a path, or a list of paths)")
+    return [str(os.fspath(name)) for name in names]
+
+
+def _not_paths(found: object) -> ConfigError:
+    return ConfigError(
+        f"roxxel.pack: inputs holds a {type(found).__name__} (expected a path, or a list of"
+        " paths: files, directories or globs)"
+    )
+
+
 def _option_text(name: str, value: object) -> str:
     """An option's value as the command line has it: text, a path, or a number."""
     if isinstance(value, str | os.PathLike):
         return str(os.fspath(value))
     if isinstance(value, int | float) and not isinstance(value, bool):
         return str(value)
+    shown = "" if name == "storage_options" else f"={value!r}"  # may hold credentials
     raise ConfigError(
-        f"roxxel.pack: {name}={value!r}: a {type(value).__name__}"
-        " (expected a string, a path or a number, or a list of them for a repeated flag)"
+        f"roxxel.pack: {name}{shown}: a {type(value).__name__} (expected a string, a path or a"
+        " number, or a list of them for a repeated flag; storage_options: a dict or JSON)"
     )
 
 

@@ -502,6 +502,20 @@ def test_verify_names_shard_record_and_field_of_corruption(tmp_path, capsys):
     assert f"{shard}: record 3, field 'text'" in out_text and "1 corruptions in 1 of" in out_text
 
 
+def test_verify_names_a_broken_shard_once(tmp_path, capsys):
+    """A shard that does not map printed its path twice ("x.rxs: shard: x.rxs: index...")."""
+    corpus = _corpus(tmp_path / "in")
+    out = tmp_path / "ds"
+    assert _run("pack", corpus, "-o", out, "--unit-bytes", "2K", "-q", *PACK_FIELDS) == 0
+    shard = sorted(out.glob("part-*.rxs"))[1]
+    data = bytearray(shard.read_bytes())
+    data[-200] ^= 0xFF  # inside the index, before the 64-byte trailer
+    shard.write_bytes(bytes(data))
+    assert _run("verify", out, "--workers", "1") == 1
+    lines = [line for line in capsys.readouterr().out.splitlines() if shard.name in line]
+    assert len(lines) == 1 and lines[0].count(shard.name) == 1 and "rule R8" in lines[0]
+
+
 # ---- the installed entry point -------------------------------------------------------
 
 

@@ -156,8 +156,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     bad = [c for shard in found for c in shard]
     name = without_credentials(args.dataset)  # stdout ends up in logs
     for c in bad:
-        where = f"record {c.record}, field {c.field!r}" if c.record >= 0 else "shard"
-        print(without_credentials(f"{c.path}: {where}: {c.message}"))
+        if c.record >= 0:
+            line = f"{c.path}: record {c.record}, field {c.field!r}: {c.message}"
+        else:  # a shard that does not map: its error names the file already
+            line = c.message if c.message.startswith(c.path) else f"{c.path}: {c.message}"
+        print(without_credentials(line))
     if bad:
         print(
             f"{name}: {len(bad)} corruptions in {sum(1 for s in found if s)} of {ds.num_shards} shards"

@@ -189,3 +189,21 @@ def test_pack_from_python_takes_storage_options_as_a_dict_and_never_shows_them(t
     assert "SUPERSECRET123" not in str(caught.value) and "storage_options" in str(caught.value)
     with pytest.raises(ConfigError, match="quiet"):
         roxxel.pack(src, url, quiet="no")
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "txt", "text-file"])
+def test_a_utf8_bom_at_the_start_of_a_file_is_dropped(tmp_path, kind):
+    """A BOM (files saved on Windows) was refused in JSONL ("malformed JSON") but kept in a
+    .txt, where a tokenizer then encoded it as three byte tokens: it is dropped in both."""
+    from roxxel.cli import main
+
+    bom = "\ufeff"
+    src = tmp_path / f"a.{'jsonl' if kind == 'jsonl' else 'txt'}"
+    if kind == "jsonl":
+        src.write_text(bom + '{"text": "hello world"}\n{"text": "again"}\n', encoding="utf-8")
+    else:
+        src.write_text(bom + "hello world\nagain\n", encoding="utf-8")
+    flags = ["--format", "text-file"] if kind == "text-file" else []
+    assert main(["pack", str(src), "-o", str(tmp_path / "ds"), *flags, "-q"]) == 0
+    first = roxxel.open_dataset(tmp_path / "ds")[0]["text"]
+    assert first == ("hello world\nagain\n" if kind == "text-file" else "hello world")

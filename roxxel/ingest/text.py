@@ -21,6 +21,9 @@ except ImportError:  # pragma: no cover - depends on the environment
     orjson = None
 
 
+_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, dropped where a file starts with one
+
+
 def _loads(line: bytes) -> object:
     if orjson is not None:
         return orjson.loads(line)
@@ -95,7 +98,7 @@ def _lines(piece: Piece) -> Iterator[tuple[int, bytes]]:
             end = pos + len(line)
             if end < piece.stop and line[-1] != 10:  # no newline before stop: cut short
                 break
-            yield pos, line
+            yield pos, line.removeprefix(_BOM) if pos == 0 else line
             pos = end
     if pos < piece.stop:
         raise _cut_short(piece, pos)
@@ -173,7 +176,7 @@ def read_text_file(
             path=piece.path,
         )
     try:
-        text = data.decode("utf-8")
+        text = data.removeprefix(_BOM).decode("utf-8")
     except UnicodeDecodeError as e:
         if not opts.skip_bad:
             raise ConfigError(f"{piece.path}: invalid UTF-8 ({e}, expected UTF-8 text)") from None

@@ -243,6 +243,26 @@ def test_issue14_text_field_not_a_string_names_file_and_line(toks, tmp_path, cap
     assert len(roxxel.open_dataset(tmp_path / "ds")) == 2
 
 
+def test_issue14_a_missing_text_field_lists_the_fields_the_record_has(toks, tmp_path, capsys):
+    """`--text-field meta.text` said "field 'meta.text': missing" and no more (nested names
+    are not looked into): the message lists the record's own fields."""
+    src = tmp_path / "c.jsonl"
+    src.write_text('{"meta": {"text": "x"}, "url": "u"}\n')
+    argv = [src, "-o", tmp_path / "ds", "--tokenizer", toks["hf"], "--text-field", "meta.text"]
+    assert _pack(*argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "['meta', 'url']" in err and "top-level" in err
+
+
+def test_issue14_a_tiktoken_file_named_model_is_told_to_use_another_extension(toks, tmp_path):
+    """Llama 3 ships its tiktoken ranks as `tokenizer.model`: read as SentencePiece, the
+    error was a protobuf parse failure with no way out."""
+    named = tmp_path / "tokenizer.model"
+    shutil.copy(toks["tiktoken"], named)
+    with pytest.raises(ConfigError, match=r"tokenizer\.model.*\.tiktoken"):
+        load_tokenizer(str(named))
+
+
 def test_issue14_append_eos_without_an_eos_token_asks_for_eos_id(toks, tmp_path, capsys):
     src = _jsonl(tmp_path / "c.jsonl", _texts(3))
     assert _pack(src, "-o", tmp_path / "ds", "--tokenizer", toks["tiktoken"], "--append-eos") == 1

@@ -202,7 +202,10 @@ def _load_sentencepiece(path: str) -> Tokenizer:
         sp.Load(path)
     except (OSError, RuntimeError) as e:
         raise ConfigError(
-            f"--tokenizer {path}: not a SentencePiece model ({e})", path=path
+            f"--tokenizer {path}: not a SentencePiece model ({e}; a tiktoken ranks file named"
+            f" .model, as Llama 3's tokenizer.model, is read under another extension, e.g."
+            f" .tiktoken)",
+            path=path,
         ) from None
 
     def encode(texts: list[str]) -> list[list[int]]:
@@ -471,7 +474,14 @@ def tokenize_records(
 def _refusal(record: Record, config: TokenizeConfig) -> str | None:
     text = record.get(config.text_field)
     if not isinstance(text, str):
-        found = "missing" if config.text_field not in record else type(text).__name__
+        if config.text_field not in record:
+            fields = sorted(record)
+            shown = f"{fields[:20]}{' ...' if len(fields) > 20 else ''}"
+            return (
+                f"field {config.text_field!r}: missing (the record's fields: {shown}; expected"
+                f" --text-field to name a top-level field holding the text)"
+            )
+        found = type(text).__name__
         return f"field {config.text_field!r}: {found} (expected a string to tokenize)"
     missing = [k for k in config.keep_fields if k not in record]
     return f"--keep-field {missing}: missing (expected in every record)" if missing else None

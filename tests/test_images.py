@@ -455,6 +455,21 @@ def test_field_flags_that_do_not_hold_the_images_as_packed_are_refused(
     }
 
 
+def test_an_image_pack_of_text_inputs_says_so(tmp_path, capsys):
+    """A tree of empty class folders and a README packed the README as text, then failed
+    with "field 'image': not a decodable image (missing ...)"; a JSONL the same."""
+    root = tmp_path / "emptyonly"
+    (root / "a").mkdir(parents=True)
+    (root / "b").mkdir()
+    (root / "readme.txt").write_text("about these photos\n")
+    (tmp_path / "t.jsonl").write_text('{"x": 1}\n')
+    for src in (root, tmp_path / "t.jsonl"):
+        assert _pack(src, "-o", tmp_path / "ds", "--image-size", "8x8") == 1
+        err = _one_line_error(capsys)
+        assert "input in an image pack" in err and "not a decodable image" not in err
+    assert not (tmp_path / "ds").exists()
+
+
 @pytest.mark.parametrize("kind", ["png_gray", "png_rgb", "tiff_gray16", "tiff_int32"])
 def test_16_bit_images_keep_their_high_byte(kind):
     """A 16-bit grayscale PNG or TIFF opens as mode ``I;16`` (32-bit ``I`` for an int32

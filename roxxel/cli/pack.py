@@ -533,6 +533,9 @@ def _token_dtype(args: argparse.Namespace, default: str) -> str:
     return token_field_dtype(spec, where)
 
 
+_NO_BYTES = ("text", "text-file", "jsonl")  # input kinds whose records hold no bytes
+
+
 def _images(args: argparse.Namespace, inputs: list[Input]) -> dict[str, object] | None:
     """The --image-size settings with the class folders' labels, or None."""
     found = [i.path for i in inputs if i.kind == "image"]
@@ -543,6 +546,13 @@ def _images(args: argparse.Namespace, inputs: list[Input]) -> dict[str, object] 
                 path=found[0],
             )
         return None
+    textual = [i for i in inputs if i.kind in _NO_BYTES]
+    if textual and args.map is None:  # a --map function may make image bytes of anything
+        raise ConfigError(
+            f"{textual[0].path}: a {textual[0].kind} input in an image pack (expected image "
+            "files, or Parquet, Arrow or HF columns of image bytes)",
+            path=textual[0].path,
+        )
     height, width = parse_image_size(args.image_size) if args.image_size else (0, 0)
     folders = [a for a in args.inputs if os.path.isdir(a)]
     config = ImageConfig(

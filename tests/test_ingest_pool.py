@@ -5,6 +5,7 @@ test_ingest_pack.py)."""
 from __future__ import annotations
 
 import json
+import signal
 import os
 import subprocess
 import sys
@@ -197,3 +198,41 @@ def test_a_script_packing_at_its_top_level_is_told_to_guard_the_call(tmp_path, g
     assert 'if __name__ == "__main__":' in run.stderr.strip().splitlines()[-1]
     assert "is being packed by pid" not in run.stderr
     assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
+_INTERRUPTED_AT_START = """
+import os, signal, sys, threading
+from multiprocessing import forkserver
+launch = forkserver.ForkServer.ensure_running
+def interrupted(self):
+    started = self._forkserver_pid is None
+    launch(self)
+    if started:  # Ctrl-C to the whole process group while the forkserver imports roxxel
+        threading.Timer(float(os.environ["DELAY"]), os.killpg, (0, signal.SIGINT)).start()
+forkserver.ForkServer.ensure_running = interrupted
+from roxxel.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_while_workers_start_is_one_line(tmp_path):
+    """Ctrl-C reached the forkserver while it imported roxxel, and workers still being
+    unpickled after the main process had stopped: tracebacks (KeyboardInterrupt in
+    forkserver.py; SemLock._rebuild FileNotFoundError) around "roxxel pack: interrupted"."""
+    for name in ("a", "b", "c"):
+        _corpus(tmp_path / f"{name}.jsonl", n=30_000)  # packs for longer than the delays
+    argv = ["pack", "a.jsonl", "b.jsonl", "c.jsonl", "-o", "ds", "--workers", "3"]
+    argv += ["--start-method", "forkserver", "--unit-bytes", "64K", "-q"]
+    for delay in (0.05, 0.1, 0.15, 0.2, 0.3, 0.4):  # while it imports, while workers start
+        run = subprocess.run(
+            [sys.executable, "-c", _INTERRUPTED_AT_START, *argv],
+            env={**os.environ, "DELAY": str(delay)},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        assert run.returncode == 130, run.stderr
+        assert run.stderr.strip() == "roxxel pack: interrupted", run.stderr

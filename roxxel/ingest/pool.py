@@ -43,6 +43,7 @@ from roxxel.ingest.tokenize import cores_shared
 __all__ = ["START_METHODS", "UnitPool", "start_method"]
 
 JOIN_SECONDS = 60.0  # a stopped worker ends its current unit first
+START_SECONDS = 120.0  # a new worker (a fresh interpreter under load) says it runs by then
 FORK_UNSAFE = ("jax", "torch", "tensorflow")  # their thread pools do not survive a fork
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 START_METHODS = ("auto", "fork", "forkserver", "spawn")
@@ -92,8 +93,11 @@ class UnitPool:
         self.procs: list[Any] = []
         plan = json.dumps([u.to_json() for u in units])
         try:
-            for _ in range(num_procs):
-                self._start(ctx, _config_json(config), plan)
+            with _interrupts_held(self.method != "fork"):
+                for _ in range(num_procs):
+                    self._start(ctx, _config_json(config), plan)
+                for pipe in self.pipes:  # up, so a stop now finds them running
+                    self._ready(pipe)
         except BaseException:
             self.close()
             raise
@@ -131,17 +135,29 @@ class UnitPool:
             'roxxel.pack at its top level needs it under `if __name__ == "__main__":`'
         )
 
+    def _ready(self, pipe: Connection) -> None:
+        """Wait for a new worker's first word, that it runs."""
+        if not wait([pipe], timeout=START_SECONDS):
+            raise RoxxelError(f"pack: a worker process did not start in {START_SECONDS} s")
+        try:
+            pipe.recv_bytes()
+        except EOFError:
+            raise self._died() from None
+
+    def _died(self) -> RoxxelError:
+        self.stop()
+        return RoxxelError(
+            "pack: a worker process died; finished work units are kept (expected "
+            f"none to die: rerun the same command to resume{self._main_hint()})"
+        )
+
     def _collect(self, block: bool) -> Iterator[UnitResult]:
         for pipe in wait(self.pipes, timeout=None if block else 0):
             assert isinstance(pipe, Connection)
             try:
                 message = json.loads(pipe.recv_bytes())
             except EOFError:
-                self.stop()
-                raise RoxxelError(
-                    "pack: a worker process died; finished work units are kept (expected "
-                    f"none to die: rerun the same command to resume{self._main_hint()})"
-                ) from None
+                raise self._died() from None
             if "result" in message:
                 yield _result_from_json(message["result"])
             elif "error" in message:
@@ -203,6 +219,8 @@ def _work(
     _die_with_parent(parent)
     for other in inherited:
         other.close()
+    with contextlib.suppress(BrokenPipeError):
+        pipe.send_bytes(b'{"ready": true}')
     units = [WorkUnit.from_json(u) for u in json.loads(plan)]
     try:
         config = _config_from_json(config_json)
@@ -245,6 +263,30 @@ def _die_with_parent(parent: int | None) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if parent is not None and os.getppid() != parent:
         os._exit(1)
+
+
+@contextlib.contextmanager
+def _interrupts_held(hold: bool) -> Iterator[None]:
+    """A Ctrl-C held back while workers start from a fresh interpreter, then raised: SIGINT
+    is blocked in this thread, so they (and a forkserver, which imports roxxel first)
+    inherit the mask and never print a traceback of their own, and a SIGINT another thread
+    takes is only noted (in the main thread) until every worker runs, so stopping them
+    never finds one half started."""
+    if not hold:
+        yield
+        return
+    noted: list[int] = []
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGINT, lambda num, _: noted.append(num)) if main else None
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        if main:
+            signal.signal(signal.SIGINT, before)
+    if noted:
+        raise KeyboardInterrupt
 
 
 def _config_json(config: PackConfig) -> str:

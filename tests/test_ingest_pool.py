@@ -5,8 +5,8 @@ test_ingest_pack.py)."""
 from __future__ import annotations
 
 import json
-import signal
 import os
+import signal
 import subprocess
 import sys
 import threading

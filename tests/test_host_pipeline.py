@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -196,6 +197,136 @@ def test_issue14_a_host_transform_returning_none_is_an_error_not_the_end(dataset
     with loader, pytest.raises(ConfigError, match=expected):
         next(loader)
     assert not _host_threads()
+
+
+def _sets_field(value):
+    def sets(batch, rng):
+        batch = dict(batch)
+        batch["n"] = value
+        return batch
+
+    return sets
+
+
+def _two_devices():
+    return (Mesh(np.array(jax.devices()[:2]), ("data",)), P("data"))
+
+
+@pytest.mark.parametrize("threads", [None, 1, 2])
+@pytest.mark.parametrize("sharded", [False, True])
+@pytest.mark.parametrize(
+    "value, found",
+    [
+        (3, "as int"),
+        (np.float32(1), "as float32"),
+        ([0] * 16, "as list"),
+        (np.asarray(3), r"of shape \(\)"),
+        (np.zeros(3), r"of shape \(3,\)"),
+    ],
+)
+def test_a_host_transform_field_that_is_not_an_array_of_rows_names_step_and_field(
+    dataset, threads, sharded, value, found
+):
+    """A python or numpy scalar, a list or an array without one row per batch row used to
+    fail placement with a bare AttributeError / TypeError / a shape error naming neither the
+    step nor the field, and passed silently into numpy batches: a ConfigError in both modes."""
+    config = LoaderConfig(num_epochs=None, host_transform=_sets_field(value), host_threads=threads)
+    loader = Loader(
+        dataset, 16, seed=7, sharding=_two_devices() if sharded else None, config=config
+    )
+    expected = rf"host_transform returned field 'n' {found} at step 0 \(.*expected .*\(16, \.\.\.\)"
+    with loader, pytest.raises(ConfigError, match=expected):
+        next(loader)
+    assert not _host_threads()
+
+
+@pytest.mark.parametrize("threads", [None, 1, 2])
+@pytest.mark.parametrize("value", [np.array(["a"] * 16), np.array([None] * 16, dtype=object)])
+def test_a_host_transform_field_jax_cannot_hold_is_an_error_when_placed(dataset, threads, value):
+    """Strings or objects used to fail with JAX's own TypeError, without step or field."""
+    config = LoaderConfig(num_epochs=None, host_transform=_sets_field(value), host_threads=threads)
+    expected = (
+        rf"host_transform returned field 'n' of dtype {value.dtype} at step 0 \(.*numeric or bool"
+    )
+    loader = Loader(dataset, 16, seed=7, sharding=_two_devices(), config=config)
+    with loader, pytest.raises(ConfigError, match=expected):
+        next(loader)
+    with Loader(dataset, 16, seed=7, config=config) as numpy_loader:  # numpy holds them
+        assert next(numpy_loader)["n"].dtype == value.dtype
+
+
+@pytest.mark.parametrize(
+    "dtype", [bool, np.float16, np.complex64, np.uint8, "bfloat16", "float8_e4m3fn"]
+)
+def test_a_host_transform_may_return_any_numeric_or_bool_array_of_rows(dataset, dtype):
+    dtype = jax.numpy.dtype(dtype)
+    config = LoaderConfig(num_epochs=None, host_transform=_sets_field(np.ones((16, 2), dtype)))
+    with Loader(dataset, 16, seed=7, sharding=_two_devices(), config=config) as loader:
+        placed = next(loader)["n"]
+    assert placed.shape == (16, 2) and placed.dtype == dtype
+
+
+def test_a_bad_host_transform_field_at_a_later_step_names_that_step(dataset):
+    later = _run(dataset, 3)[2]["label"][0]
+
+    def bad_at_step_2(batch, rng):
+        return {**batch, "n": 3} if batch["label"][0] == later else batch
+
+    config = LoaderConfig(num_epochs=None, host_transform=bad_at_step_2, host_threads=2)
+    with Loader(dataset, 16, seed=7, sharding=_two_devices(), config=config) as loader:
+        next(loader)
+        next(loader)
+        with pytest.raises(ConfigError, match="field 'n' as int at step 2"):
+            next(loader)
+
+
+def _takes_extra(batch, rng, extra):
+    return batch
+
+
+def _takes_keywords_only(batch, **options):
+    return batch
+
+
+@pytest.mark.parametrize("option, args", [("host_transform", "rng"), ("device_transform", "key")])
+@pytest.mark.parametrize("fn", [lambda b: b, _takes_extra, _takes_keywords_only])
+def test_a_transform_of_the_wrong_signature_is_refused_when_configured(option, args, fn):
+    """`lambda b: b` (the habit of HF map / Grain) used to build, then fail at the first
+    next() with a bare TypeError from the pipeline."""
+    expected = rf"loader: {option} .*\(b.*expected fn\(batch, {args}\)"
+    with pytest.raises(ConfigError, match=expected):
+        LoaderConfig(**{option: fn})
+
+
+@pytest.mark.parametrize("option", ["host_transform", "device_transform"])
+def test_a_transform_that_is_not_callable_is_refused_when_configured(option):
+    with pytest.raises(ConfigError, match=rf"loader: {option} \('jitter', expected"):
+        LoaderConfig(**{option: cast(Any, "jitter")})
+
+
+class _Transform:
+    def __call__(self, batch, rng):
+        return batch
+
+    def method(self, batch, rng):
+        return batch
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda batch, rng=None, scale=1: batch,
+        lambda *args: args[0],
+        lambda batch, rng, *, scale=1: batch,
+        _Transform(),
+        _Transform().method,
+        jax.jit(lambda batch, key: batch),
+        max,  # a builtin without a readable signature: accepted, the call will tell
+    ],
+)
+def test_a_transform_that_takes_two_positional_arguments_is_accepted(fn):
+    LoaderConfig(host_transform=fn)
+    LoaderConfig(device_transform=fn)
 
 
 def test_issue14_a_loader_dropped_on_a_host_thread_neither_raises_nor_hangs(dataset):

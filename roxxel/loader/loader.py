@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import resource
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sized
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import jax
 import numpy as np
@@ -72,6 +73,10 @@ class LoaderConfig:
         host_transform: ``fn(batch, rng) -> batch`` on numpy host rows, once per batch, in
             the pipeline thread (or a host thread, below); ``rng`` is
             `host_rng(seed, step)`. With a sharding it sees this process's rows only.
+            It returns a mapping of numpy arrays with those rows first (shape (rows, ...));
+            placed on devices, of numeric or bool dtypes. Anything else is a ConfigError at
+            that step naming the field; a signature that cannot take (batch, rng) is one
+            here.
         host_threads: None or 1 reads and transforms each batch in the pipeline thread.
             N >= 2 runs N pipeline threads (``roxxel-host-*``) that take the steps in
             turn (with 2, one the even steps and one the odd): each picks its step's rows
@@ -87,7 +92,8 @@ class LoaderConfig:
             the Loader 1.1-1.5x faster to the device (``benchmarks/device/run.sh``); turn
             it off where page-locked memory is scarce.
         device_transform: ``fn(batch, key) -> batch``, jitted, applied after placement;
-            ``key`` is ``jax.random.fold_in(jax.random.key(seed), step)``.
+            ``key`` is ``jax.random.fold_in(jax.random.key(seed), step)``; a signature
+            that cannot take (batch, key) is a ConfigError here.
         max_batch_bytes: the most host bytes one global batch may take (its rows times the
             bytes of a row, plus 16 bytes of bookkeeping a row), checked when the loader is
             built, before anything is allocated; default 4 GiB. Raise it for larger batches.
@@ -132,6 +138,8 @@ class LoaderConfig:
             _bad("pin_host", self.pin_host, "True or False")
         if self.shuffle_group_shards is not None:
             check_int("loader: shuffle_group_shards", self.shuffle_group_shards, 1)
+        _check_signature("host_transform", self.host_transform, "batch, rng")
+        _check_signature("device_transform", self.device_transform, "batch, key")
         if self.fields is not None:
             object.__setattr__(self, "fields", tuple(self.fields))
 
@@ -479,9 +487,9 @@ class _Assembler:
         ).acquire()
         self._add_extras(pick, rows, host)
         self._lap("gather", began)
-        return functools.partial(self._read, step, pick, host)
+        return functools.partial(self._read, step, pick, host, len(rows))
 
-    def _read(self, step: int, pick: Pick, host: Batch) -> Batch:
+    def _read(self, step: int, pick: Pick, host: Batch, num_rows: int) -> Batch:
         began = time.perf_counter()
         faults = _major_faults()
         self._picker.fill(pick, host)
@@ -490,11 +498,7 @@ class _Assembler:
         fn = self._config.host_transform
         if fn is not None:
             host = fn(host, host_rng(self._seed, step))
-            if not isinstance(host, Mapping):
-                raise ConfigError(
-                    f"loader: host_transform returned {type(host).__name__} at step {step}"
-                    " (expected the batch, a dict of arrays: does it end with `return batch`?)"
-                )
+            _check_transformed(host, step, num_rows, placed=self._sharding is not None)
         if cold:  # cold pages: keep reading ahead for a while
             self._cold_until = step + 1 + _COLD_STEPS * self._config.readahead
         self._lap("transform", began)
@@ -615,6 +619,34 @@ def _governing_seed(source: Any, seed: object) -> int:
             )
         return int(source.seed)
     return 0 if seed is None else check_int("loader: seed", seed, 0, (1 << 64) - 1)
+
+
+def _check_transformed(batch: object, step: int, num_rows: int, *, placed: bool) -> None:
+    """Refuse what the host transform returned at `step` unless the loader can yield it: a
+    mapping of numpy arrays of `num_rows` rows each (dimension 0), of dtypes JAX holds if
+    `placed`. O(fields), nothing read or copied: about a microsecond a field."""
+    where = "loader: host_transform returned"
+    if not isinstance(batch, Mapping):
+        raise ConfigError(
+            f"{where} {type(batch).__name__} at step {step} (expected the batch, a dict of "
+            "arrays: does it end with `return batch`?)"
+        )
+    rows = f"shape ({num_rows}, ...): a numpy array with one row per row of the batch"
+    for name, value in batch.items():
+        if not isinstance(value, np.ndarray):
+            raise ConfigError(
+                f"{where} field {name!r} as {type(value).__name__} at step {step} (expected "
+                f"{rows}; for one value a batch, np.full({num_rows}, value))"
+            )
+        if value.shape[:1] != (num_rows,):
+            raise ConfigError(
+                f"{where} field {name!r} of shape {value.shape} at step {step} (expected {rows})"
+            )
+        if placed and not device.is_placeable(value.dtype):
+            raise ConfigError(
+                f"{where} field {name!r} of dtype {value.dtype} at step {step} (expected a "
+                "numeric or bool dtype JAX can place: text as uint8 bytes or token ids)"
+            )
 
 
 def _check_step(picker: StepPicker, step: int, where: str, error: type[RoxxelError]) -> None:
@@ -816,9 +848,30 @@ def _differences(saved: object, now: Mapping[str, Any]) -> str:
     return f"; differs in {', '.join(parts)}" if parts else ""
 
 
+def _check_signature(name: str, fn: object, params: str) -> None:
+    """Refuse a transform that cannot be called as ``fn(batch, x)``, when it is configured
+    rather than at the first batch; one whose signature cannot be read (some builtins)
+    passes, and its first call says."""
+    if fn is None:
+        return
+    if not callable(fn):
+        _bad(name, fn, f"a function fn({params}) or None")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to read
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError as error:
+        raise ConfigError(
+            f"loader: {name} takes {signature} ({fn!r}: {error}, expected fn({params}): "
+            "two positional arguments, see docs/loading.md)"
+        ) from None
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
 
-def _bad(name: str, value: object, rule: str) -> None:
+def _bad(name: str, value: object, rule: str) -> NoReturn:
     raise ConfigError(f"loader: {name} ({value!r}, expected {rule})")

@@ -33,6 +33,7 @@ __all__ = [
     "aliases_host",
     "batch_sharding",
     "fit_sharding",
+    "is_placeable",
     "is_ready",
     "place",
     "place_fields",
@@ -251,6 +252,17 @@ def is_ready(tree: object) -> bool:
         for leaf in jax.tree.leaves(tree)
         if isinstance(leaf, jax.Array)
     )
+
+
+@functools.lru_cache(maxsize=64)
+def is_placeable(dtype: np.dtype) -> bool:
+    """Whether JAX holds arrays of `dtype`: numbers (ml_dtypes' bfloat16 and float8 too) and
+    bool, not strings, bytes, objects or datetimes. Cached: a dict lookup once seen.
+
+    >>> is_placeable(np.dtype(np.float16)), is_placeable(np.dtype("<U3"))
+    (True, False)
+    """
+    return dtype.kind == "b" or bool(jax.numpy.issubdtype(dtype, np.number))
 
 
 def aliases_host(plan: RowPlacement) -> bool:

@@ -236,3 +236,33 @@ def test_ctrl_c_while_workers_start_is_one_line(tmp_path):
         )
         assert run.returncode == 130, run.stderr
         assert run.stderr.strip() == "roxxel pack: interrupted", run.stderr
+
+
+_INTERRUPTED_AFTER = """
+import os, signal, sys, threading
+from roxxel.cli import main
+threading.Timer(float(os.environ["DELAY"]), os.killpg, (0, signal.SIGINT)).start()
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_during_a_verify_in_processes_is_one_line(tmp_path):
+    """Ctrl-C broke `verify --workers 2`'s process pool: "Exception in thread Thread-1 ...
+    InvalidStateError: CANCELLED" around "roxxel verify: interrupted"."""
+    for name in ("a", "b", "c"):
+        _corpus(tmp_path / f"{name}.jsonl", n=30_000)
+    pack = ["pack", "a.jsonl", "b.jsonl", "c.jsonl", "-o", "ds", "--unit-bytes", "256K", "-q"]
+    assert subprocess.run([sys.executable, "-m", "roxxel.cli", *pack], cwd=tmp_path).returncode == 0
+    for delay in (0.05, 0.1, 0.2, 0.3):  # while the workers start, while they verify
+        run = subprocess.run(
+            [sys.executable, "-c", _INTERRUPTED_AFTER, "verify", "ds", "--workers", "2"],
+            env={**os.environ, "DELAY": str(delay)},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        assert run.returncode == 130, run.stderr
+        assert run.stderr.strip() == "roxxel verify: interrupted", run.stderr

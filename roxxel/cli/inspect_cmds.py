@@ -7,6 +7,7 @@ import base64
 import json
 import multiprocessing
 import os
+import signal
 import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -17,6 +18,7 @@ from roxxel.cli.args import add_url_flags, storage_options, url_options
 from roxxel.errors import ConfigError, FormatError, without_credentials
 from roxxel.format.dataset import Dataset, open_dataset
 from roxxel.format.reader import Corruption
+from roxxel.ingest.pool import interrupts_held
 
 __all__ = ["add_inspect_parsers"]
 
@@ -142,17 +144,41 @@ def _verify_shard(
         return [Corruption(path, -1, "", str(e))]
 
 
+def _verify_in_processes(args: argparse.Namespace, ks: range) -> list[list[Corruption]]:
+    """Each shard's corruptions, `args.workers` processes at a time. A Ctrl-C stops it with
+    one line: the workers ignore SIGINT (the main process cancels what is queued), and one
+    arriving while they start is held until they run (`interrupts_held`)."""
+    ctx = multiprocessing.get_context("forkserver")
+    workers = min(args.workers, len(ks))
+    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_ignore_interrupts)
+    try:
+        with interrupts_held():
+            jobs = pool.map(
+                _verify_shard,
+                [args.dataset] * len(ks),
+                ks,
+                [args.cache_dir] * len(ks),
+                [args.storage_options] * len(ks),
+            )
+        found = list(jobs)
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return found
+
+
+def _ignore_interrupts() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     ds = _open(args)
     ks = range(ds.num_shards)
     if args.workers <= 1 or ds.num_shards <= 1:
         found = [_verify_shard(args.dataset, k, args.cache_dir, args.storage_options) for k in ks]
     else:
-        ctx = multiprocessing.get_context("forkserver")
-        with ProcessPoolExecutor(min(args.workers, ds.num_shards), mp_context=ctx) as pool:
-            paths, caches = [args.dataset] * len(ks), [args.cache_dir] * len(ks)
-            options = [args.storage_options] * len(ks)
-            found = list(pool.map(_verify_shard, paths, ks, caches, options))
+        found = _verify_in_processes(args, ks)
     bad = [c for shard in found for c in shard]
     name = without_credentials(args.dataset)  # stdout ends up in logs
     for c in bad:

@@ -40,7 +40,7 @@ from roxxel.ingest.inputs import BadRecords, ReadOptions, WorkUnit
 from roxxel.ingest.pack import PackConfig, UnitResult, pack_unit
 from roxxel.ingest.tokenize import cores_shared
 
-__all__ = ["START_METHODS", "UnitPool", "start_method"]
+__all__ = ["START_METHODS", "UnitPool", "interrupts_held", "start_method"]
 
 JOIN_SECONDS = 60.0  # a stopped worker ends its current unit first
 START_SECONDS = 120.0  # a new worker (a fresh interpreter under load) says it runs by then
@@ -93,7 +93,7 @@ class UnitPool:
         self.procs: list[Any] = []
         plan = json.dumps([u.to_json() for u in units])
         try:
-            with _interrupts_held(self.method != "fork"):
+            with interrupts_held(self.method != "fork"):
                 for _ in range(num_procs):
                     self._start(ctx, _config_json(config), plan)
                 for pipe in self.pipes:  # up, so a stop now finds them running
@@ -266,7 +266,7 @@ def _die_with_parent(parent: int | None) -> None:
 
 
 @contextlib.contextmanager
-def _interrupts_held(hold: bool) -> Iterator[None]:
+def interrupts_held(hold: bool = True) -> Iterator[None]:
     """A Ctrl-C held back while workers start from a fresh interpreter, then raised: SIGINT
     is blocked in this thread, so they (and a forkserver, which imports roxxel first)
     inherit the mask and never print a traceback of their own, and a SIGINT another thread

@@ -209,7 +209,7 @@ def test_issue13_item11_cli_peek_decodes_with_the_datasets_tokenizer(tmp_path, c
             assert file == str(tmp_path / "tok.json")
             return Tokenizer()
 
-        def decode(self, ids: list[int]) -> str:
+        def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
             return "|".join(f"t{i}" for i in ids)
 
     monkeypatch.setitem(sys.modules, "tokenizers", types.SimpleNamespace(Tokenizer=Tokenizer))
@@ -228,6 +228,7 @@ def test_issue13_item11_cli_peek_decodes_with_the_datasets_tokenizer(tmp_path, c
         (["--step", "0"], 2, "--batch-size"),
         (["--step", "0", "--batch-size", "8", "--field", "token"], 1, "'tokens'"),
         (["--step", "-1", "--batch-size", "8"], 1, "too small"),
+        (["--step", "0", "--batch-size", "8", "--all-values"], 2, "--all-values is for --json"),
     ],
 )
 def test_issue13_item11_cli_peek_errors_are_one_line(tmp_path, capsys, extra, status, message):
@@ -241,3 +242,103 @@ def test_issue13_item11_cli_peek_seq_len_with_a_mixture_is_a_usage_error(tmp_pat
     toml = _mixture_dir(tmp_path)
     assert main(["peek", str(toml), "--step", "0", "--seq-len", "4"]) == 2
     assert "seq_len" in capsys.readouterr().err
+
+
+# ---- fields of several dimensions, a dataset opened as ".", special tokens -------------
+
+IMAGE = {"image": "uint8[3,16,24]", "boxes": "float32[,4]", "label": "int64"}
+
+
+def _images(path: Path, num: int = 8) -> Path:
+    with roxxel.DatasetWriter(path, IMAGE) as writer:
+        for i in range(num):
+            image = ((np.arange(3 * 16 * 24) + i) % 256).astype(np.uint8).reshape(3, 16, 24)
+            boxes = np.arange(4 * (1 + i % 3), dtype=np.float32).reshape(-1, 4) + i
+            writer.write({"image": image, "boxes": boxes, "label": i})
+    return path
+
+
+def test_peek_of_a_fixed_shape_field_of_several_dimensions_has_no_length(tmp_path):
+    ds = roxxel.open_dataset(_images(tmp_path / "img"))
+    config = _provenance(max_len={"boxes": 4})
+    rows = roxxel.Loader(ds, 4, shuffle=False, config=config).peek(1, field="image")
+    assert [row["length"] for row in rows] == [None] * 4  # 3 is its channels, not a length
+    assert [row["values"].shape for row in rows] == [(3, 16, 24)] * 4
+    assert all(row["text"] is None for row in rows)
+    boxes = roxxel.Loader(ds, 4, shuffle=False, config=config).peek(1, field="boxes")
+    assert [(row["length"], row["values"].shape) for row in boxes] == [
+        (2, (2, 4)),
+        (3, (3, 4)),
+        (1, (1, 4)),
+        (2, (2, 4)),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("field", "shown"),
+    [
+        (
+            "image",
+            "uint8[3,16,24]  [ 4  5  6  7  8  9 10 11 12 13 14 15 16 17 18 19] ... (1152 in all)",
+        ),
+        ("boxes", "length 2  float32[2,4]  [ 4.  5.  6.  7.  8.  9. 10. 11.]"),
+        ("label", "length 1  4"),
+    ],
+)
+def test_cli_peek_prints_a_field_of_several_dimensions_as_its_shape_and_first_values(
+    tmp_path, capsys, field, shown
+):
+    path = _images(tmp_path / "img")
+    argv = ["peek", path, "--step", "1", "--batch-size", "4", "--rows", "2", "--field", field]
+    assert main([*map(str, argv), "--no-shuffle"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3  # the header, then one line per row
+    assert lines[1] == f"row 0  source img  record 4  {shown}"
+
+
+def test_cli_peek_json_of_a_field_of_several_dimensions_holds_its_head_not_every_value(
+    tmp_path, capsys
+):
+    path = _images(tmp_path / "img")
+    argv = [path, "--step", "0", "--batch-size", "2", "--no-shuffle", "--field", "image"]
+    rows = _peek_json(capsys, *argv)
+    assert [sorted(row) for row in rows] == [
+        ["dtype", "field", "head", "length", "record", "row", "shape", "source", "text"]
+    ] * 2
+    assert rows[1]["shape"] == [3, 16, 24] and rows[1]["dtype"] == "uint8"
+    assert rows[1]["head"] == list(range(1, 17)) and rows[1]["length"] is None
+    every = _peek_json(capsys, *argv, "--all-values")
+    image = roxxel.open_dataset(path)[1]["image"]
+    assert every[1]["values"] == image.tolist() and every[1]["head"] == rows[1]["head"]
+    tokens = _peek_json(capsys, _dataset(tmp_path / "ds"), "--step", 0, "--batch-size", 2)
+    assert {(row["dtype"], len(row["values"])) for row in tokens} == {
+        ("int32", row["shape"][0]) for row in tokens
+    }
+    assert all("head" not in row for row in tokens)  # rows of one dimension: every value
+
+
+def test_peek_of_a_dataset_opened_as_dot_names_its_folder(tmp_path, capsys, monkeypatch):
+    _dataset(tmp_path / "ds")
+    monkeypatch.chdir(tmp_path / "ds")
+    rows = roxxel.Loader(roxxel.open_dataset("."), 4, config=_provenance(max_len=MAX_LEN))
+    assert {row["source"] for row in rows.peek(0)} == {"ds"}
+    assert {row["source"] for row in _peek_json(capsys, ".", "--step", 0, "--batch-size", 2)} == {
+        "ds"
+    }
+    assert main(["peek", ".", "--step", "0", "--batch-size", "2"]) == 0
+    assert "source ds  record" in capsys.readouterr().out
+
+
+def test_cli_peek_shows_the_special_tokens_a_row_holds(tmp_path, capsys):
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {"[EOS]": 0, "[BOS]": 1, "hello": 2, "world": 3, "[UNK]": 4}
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.add_special_tokens(["[EOS]", "[BOS]"])
+    tokenizer.save(str(tmp_path / "tok.json"))
+    with roxxel.DatasetWriter(
+        tmp_path / "ds", {"tokens": "int32[]"}, metadata={"tokenizer": "../tok.json"}
+    ) as writer:
+        writer.write({"tokens": np.array([1, 2, 3, 0], np.int32)})
+    argv = ["peek", tmp_path / "ds", "--step", "0", "--batch-size", "1"]
+    assert main(list(map(str, argv))) == 0
+    assert "length 4  '[BOS] hello world [EOS]'" in capsys.readouterr().out

@@ -4,8 +4,10 @@ The source is a dataset directory (its records, or token windows with ``--seq-le
 mixture TOML file (as ``roxxel plan`` reads it). Each row shows its source, its record, its
 length and its first values, as text when they are bytes (a ``str`` field, uint8 tokens)
 or when the dataset's metadata names a ``tokenizer`` file and the ``tokenizers`` package
-is installed. The rows are those `roxxel.Loader` yields at that step with the same seed and
-batch size (`Loader.peek`); this command loads jax, as the loader does.
+is installed (special tokens shown). A field of several dimensions (an image) shows its
+dtype and shape and its first values on one line. The rows are those `roxxel.Loader`
+yields at that step with the same seed and batch size (`Loader.peek`); this command loads
+jax, as the loader does.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ EPILOG = """examples:
   roxxel peek data/web --step 1000 --batch-size 256 --seq-len 2048 --seed 1
   roxxel peek mixture.toml --step 5000 --rows 8 --json"""
 
-SHOWN_VALUES = 16  # values printed per row (the JSON output has them all)
+SHOWN_VALUES = 16  # values printed per row, and a JSON row's "head" (see _json_row)
 SHOWN_CHARS = 120  # characters of text printed per row
 
 
@@ -58,12 +60,19 @@ def add_peek_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq-len", type=int, metavar="L", help="token windows of L over --field")
     p.add_argument("--field", metavar="F", help="the field to show (and to cut windows from)")
     p.add_argument("--no-shuffle", action="store_true", help="a dataset read in its order")
-    p.add_argument("--json", action="store_true", help="one JSON object per row, all values")
+    p.add_argument("--json", action="store_true", help="one JSON object per row")
+    p.add_argument(
+        "--all-values",
+        action="store_true",
+        help="with --json: every value of a field of several dimensions, not just its head",
+    )
     add_url_flags(p)
     p.set_defaults(func=cmd_peek)
 
 
 def cmd_peek(args: argparse.Namespace) -> int:
+    if args.all_values and not args.json:
+        raise UsageError("--all-values is for --json (the printed rows show the first values)")
     source, datasets = _open(args)
     # jax loads here, for this command only: `import roxxel.cli` stays light
     from roxxel.loader.loader import Loader
@@ -78,21 +87,42 @@ def cmd_peek(args: argparse.Namespace) -> int:
             f"peek: no batch at step {args.step} (past the end of the stream, expected a "
             f"step before {end})"
         )
-    _print_rows(args.step, rows, args.json)
+    if args.json:
+        for row in rows:
+            print(json.dumps(_json_row(row, args.all_values)))
+        return 0
+    print(f"step {args.step}: {len(rows)} rows of {rows[0]['field']!r}")
+    for row in rows:
+        print(_line(row))
     return 0
 
 
-def _print_rows(step: int, rows: list[dict[str, Any]], as_json: bool) -> None:
-    if as_json:
-        for row in rows:
-            print(json.dumps({**row, "values": _json_values(row["values"])}))
-        return
-    print(f"step {step}: {len(rows)} rows of {rows[0]['field']!r}")
-    for row in rows:
-        print(
-            f"row {row['row']}  source {row['source']}  record {row['record']}  "
-            f"length {row['length']}  {_shown(row)}"
-        )
+def _line(row: dict[str, Any]) -> str:
+    """One printed row; a field of several dimensions adds its dtype and shape, and a
+    fixed shape (an image) has no length to print."""
+    values = row["values"]
+    length = "" if row["length"] is None else f"length {row['length']}  "
+    shape = f"{_type_of(values)}  " if values.ndim > 1 else ""
+    where = f"row {row['row']}  source {row['source']}  record {row['record']}"
+    return f"{where}  {length}{shape}{_shown(row)}"
+
+
+def _json_row(row: dict[str, Any], all_values: bool) -> dict[str, Any]:
+    """A row as JSON: its ``dtype`` and ``shape`` beside the rest; every value of a row of
+    one dimension (tokens, text), but of a field of several dimensions (an image) only a
+    ``head`` of its first values in C order, and ``values`` too with `all_values`."""
+    values = row["values"]
+    shown: dict[str, Any] = {"dtype": str(values.dtype), "shape": list(values.shape)}
+    if values.ndim > 1:
+        shown["head"] = _json_values(values.reshape(-1)[:SHOWN_VALUES])
+    if values.ndim < 2 or all_values:
+        shown["values"] = _json_values(values)
+    return {key: value for key, value in row.items() if key != "values"} | shown
+
+
+def _type_of(values: np.ndarray) -> str:
+    """`values`' dtype and shape as a schema writes them: ``uint8[3,16,24]``."""
+    return f"{values.dtype}[{','.join(map(str, values.shape))}]"
 
 
 def _open(args: argparse.Namespace) -> tuple[Any, list[Dataset]]:
@@ -170,7 +200,9 @@ def _tokenizer(datasets: list[Dataset]) -> Any:
         tokenizers = importlib.import_module("tokenizers")
     except ImportError:
         return None
-    return tokenizers.Tokenizer.from_file(str(file)).decode
+    # special ids (an appended EOS, a BOS) shown: a peek is for seeing what training reads
+    decode = tokenizers.Tokenizer.from_file(str(file)).decode
+    return functools.partial(decode, skip_special_tokens=False)
 
 
 def _json_values(values: np.ndarray) -> Any:
@@ -186,5 +218,6 @@ def _shown(row: dict[str, Any]) -> str:
     values = row["values"]
     if values.ndim == 0:
         return str(values)
-    head = np.array2string(values[:SHOWN_VALUES], max_line_width=10_000, threshold=10_000)
-    return head + (f" ... ({values.shape[0]} in all)" if values.shape[0] > SHOWN_VALUES else "")
+    flat = values.reshape(-1)  # an image's first values, in C order, on one line
+    head = np.array2string(flat[:SHOWN_VALUES], max_line_width=10_000, threshold=10_000)
+    return head + (f" ... ({flat.size} in all)" if flat.size > SHOWN_VALUES else "")

@@ -123,8 +123,11 @@ class Dataset(RecordSource):
 
     @property
     def name(self) -> str:
-        """The dataset's own name: its folder's, or the last part of its URL."""
-        return self.path.name if self.url is None else self.url.rstrip("/").rsplit("/", 1)[-1]
+        """The dataset's own name: its folder's (``.`` resolved), or the last part of its URL."""
+        if self.url is None:
+            name = self.path.name
+            return self.path.resolve().name if name in ("", "..") else name
+        return self.url.rstrip("/").rsplit("/", 1)[-1]
 
     @property
     def metadata(self) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 `peek_step` asks a loader's `StepPicker` what its pipeline asks (``pick``, then ``fill``
 into fresh host buffers), so the rows it lists are exactly those the loader yields at that
 step, before any host or device transform. Each row comes with its source, its record
-and the values of one field cut to the record's length; byte-level values (a ``str``
+and the values of one field cut to the record's length (a fixed-shape field of several
+dimensions, such as an image, has a shape but no length); byte-level values (a ``str``
 field, uint8 tokens) also come back as text, and so do tokens when a ``decode`` function
 (a tokenizer's) is given. No jax: it reads host arrays only.
 """
@@ -28,8 +29,10 @@ __all__ = ["Decode", "PeekRow", "peek_step", "shown_field", "source_name", "text
 
 PeekRow = dict[str, Any]
 """One row of a step: ``row``, ``source`` (name), ``record`` (index in that source: a window
-index for token windows), ``length`` (elements along the field's first dimension),
-``field``, ``values`` (numpy, cut to ``length``) and ``text`` (str, or None)."""
+index for token windows), ``length`` (a variable-length field's record length, a fixed
+field's number of values, 1 for a scalar; None for a fixed shape of several dimensions,
+e.g. ``uint8[3,64,64]``, whose first dimension is no length), ``field``, ``values``
+(numpy, a variable-length field's cut to ``length``) and ``text`` (str, or None)."""
 
 Decode = Callable[[list[int]], str]
 """Token ids -> text, e.g. a tokenizer's ``decode``."""
@@ -74,7 +77,8 @@ def peek_step(
     for i in range(pick.num_read):
         source_id = int(pick.source_ids[i])
         values = host[name][i]
-        length = values.shape[0] if values.ndim else 1
+        # an image's first dimension (its channels, or its height) is no length
+        length = values.size if values.ndim < 2 else None
         if lengths is not None:
             length = int(lengths[i])
             values = values[:length]
@@ -146,7 +150,8 @@ def _sources(picker: StepPicker) -> tuple[Sequence[str], Sequence[Source]]:
 
 
 def source_name(source: Source) -> str:
-    """A single source's name: its dataset's folder name, else its type's name."""
+    """A single source's name: its dataset's folder name (``.`` names the folder it is),
+    or the last part of its URL; else its type's name."""
     if isinstance(source, Records | TokenWindows) and isinstance(source.dataset, Dataset):
         return source.dataset.name
     return type(source).__name__

@@ -224,18 +224,7 @@ def test_ctrl_c_while_workers_start_is_one_line(tmp_path):
     argv = ["pack", "a.jsonl", "b.jsonl", "c.jsonl", "-o", "ds", "--workers", "3"]
     argv += ["--start-method", "forkserver", "--unit-bytes", "64K", "-q"]
     for delay in (0.05, 0.1, 0.15, 0.2, 0.3, 0.4):  # while it imports, while workers start
-        run = subprocess.run(
-            [sys.executable, "-c", _INTERRUPTED_AT_START, *argv],
-            env={**os.environ, "DELAY": str(delay)},
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            start_new_session=True,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )
-        assert run.returncode == 130, run.stderr
-        assert run.stderr.strip() == "roxxel pack: interrupted", run.stderr
+        _assert_one_line_interrupted(_INTERRUPTED_AT_START, argv, delay, tmp_path)
 
 
 _INTERRUPTED_AFTER = """
@@ -254,15 +243,22 @@ def test_ctrl_c_during_a_verify_in_processes_is_one_line(tmp_path):
     pack = ["pack", "a.jsonl", "b.jsonl", "c.jsonl", "-o", "ds", "--unit-bytes", "256K", "-q"]
     assert subprocess.run([sys.executable, "-m", "roxxel.cli", *pack], cwd=tmp_path).returncode == 0
     for delay in (0.05, 0.1, 0.2, 0.3):  # while the workers start, while they verify
-        run = subprocess.run(
-            [sys.executable, "-c", _INTERRUPTED_AFTER, "verify", "ds", "--workers", "2"],
-            env={**os.environ, "DELAY": str(delay)},
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            start_new_session=True,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )
-        assert run.returncode == 130, run.stderr
-        assert run.stderr.strip() == "roxxel verify: interrupted", run.stderr
+        argv = ["verify", "ds", "--workers", "2"]
+        _assert_one_line_interrupted(_INTERRUPTED_AFTER, argv, delay, tmp_path)
+
+
+def _assert_one_line_interrupted(script: str, argv: list[str], delay: float, cwd) -> None:
+    """Run the command through `script` in a session of its own (Ctrl-C as a terminal sends
+    it: SIGINT to the process group, `delay` seconds in): exit 130, one line said."""
+    run = subprocess.run(
+        [sys.executable, "-c", script, *argv],
+        env={**os.environ, "DELAY": str(delay)},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert run.returncode == 130, run.stderr
+    assert run.stderr.strip() == f"roxxel {argv[0]}: interrupted", run.stderr

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import resource
 import sys
 import time
@@ -75,8 +74,8 @@ class LoaderConfig:
             `host_rng(seed, step)`. With a sharding it sees this process's rows only.
             It returns a mapping of numpy arrays with those rows first (shape (rows, ...));
             placed on devices, of numeric or bool dtypes. Anything else is a ConfigError at
-            that step naming the field; a signature that cannot take (batch, rng) is one
-            here.
+            that step naming the field, and so is a function that cannot be called as
+            ``fn(batch, rng)``.
         host_threads: None or 1 reads and transforms each batch in the pipeline thread.
             N >= 2 runs N pipeline threads (``roxxel-host-*``) that take the steps in
             turn (with 2, one the even steps and one the odd): each picks its step's rows
@@ -92,8 +91,7 @@ class LoaderConfig:
             the Loader 1.1-1.5x faster to the device (``benchmarks/device/run.sh``); turn
             it off where page-locked memory is scarce.
         device_transform: ``fn(batch, key) -> batch``, jitted, applied after placement;
-            ``key`` is ``jax.random.fold_in(jax.random.key(seed), step)``; a signature
-            that cannot take (batch, key) is a ConfigError here.
+            ``key`` is ``jax.random.fold_in(jax.random.key(seed), step)``.
         max_batch_bytes: the most host bytes one global batch may take (its rows times the
             bytes of a row, plus 16 bytes of bookkeeping a row), checked when the loader is
             built, before anything is allocated; default 4 GiB. Raise it for larger batches.
@@ -138,8 +136,8 @@ class LoaderConfig:
             _bad("pin_host", self.pin_host, "True or False")
         if self.shuffle_group_shards is not None:
             check_int("loader: shuffle_group_shards", self.shuffle_group_shards, 1)
-        _check_signature("host_transform", self.host_transform, "batch, rng")
-        _check_signature("device_transform", self.device_transform, "batch, key")
+        _check_callable("host_transform", self.host_transform, "batch, rng")
+        _check_callable("device_transform", self.device_transform, "batch, key")
         if self.fields is not None:
             object.__setattr__(self, "fields", tuple(self.fields))
 
@@ -497,7 +495,7 @@ class _Assembler:
         began = self._lap("gather", began)
         fn = self._config.host_transform
         if fn is not None:
-            host = fn(host, host_rng(self._seed, step))
+            host = _transformed(fn, host, host_rng(self._seed, step), step)
             _check_transformed(host, step, num_rows, placed=self._sharding is not None)
         if cold:  # cold pages: keep reading ahead for a while
             self._cold_until = step + 1 + _COLD_STEPS * self._config.readahead
@@ -848,24 +846,24 @@ def _differences(saved: object, now: Mapping[str, Any]) -> str:
     return f"; differs in {', '.join(parts)}" if parts else ""
 
 
-def _check_signature(name: str, fn: object, params: str) -> None:
-    """Refuse a transform that cannot be called as ``fn(batch, x)``, when it is configured
-    rather than at the first batch; one whose signature cannot be read (some builtins)
-    passes, and its first call says."""
-    if fn is None:
-        return
-    if not callable(fn):
+def _check_callable(name: str, fn: object, params: str) -> None:
+    """Refuse a transform that is not callable when it is configured, not at a batch."""
+    if fn is not None and not callable(fn):
         _bad(name, fn, f"a function fn({params}) or None")
+
+
+def _transformed(fn: Callable[..., Any], host: Batch, rng: np.random.Generator, step: int) -> Any:
+    """``fn(host, rng)``; a call that fails before ``fn`` runs (it takes no ``(batch,
+    rng)``, such as the ``lambda batch: batch`` of a ``map``) is a ConfigError at ``step``;
+    a TypeError raised inside ``fn`` stays as it is."""
     try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # no signature to read
-        return
-    try:
-        signature.bind(None, None)
+        return fn(host, rng)
     except TypeError as error:
+        if error.__traceback__ is None or error.__traceback__.tb_next is not None:
+            raise  # raised inside fn
         raise ConfigError(
-            f"loader: {name} takes {signature} ({fn!r}: {error}, expected fn({params}): "
-            "two positional arguments, see docs/loading.md)"
+            f"loader: host_transform {fn!r} cannot be called as fn(batch, rng) at step {step}"
+            f" ({error}; expected two positional parameters, see docs/loading.md)"
         ) from None
 
 

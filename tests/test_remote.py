@@ -22,7 +22,9 @@ import sys
 import threading
 import time
 import traceback
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -808,6 +810,7 @@ def test_issue15_speed_the_loader_fetches_ahead_without_page_faults(local, tmp_p
 _KILLED_FETCHER = """
 import sys, threading
 from pathlib import Path
+from typing import ClassVar
 from roxxel.format.cache import CacheConfig, ShardCache
 from roxxel.format.dataset import Dataset
 from roxxel.format.remote import FetchPolicy, RemoteStore
@@ -911,6 +914,7 @@ def test_s3_open_read_loader_and_resume(s3, local, tmp_path):
 _SHARING_READER = """
 import json, os, sys
 from pathlib import Path
+from typing import ClassVar
 import roxxel
 options = json.loads(sys.argv[3])
 dataset = roxxel.open_dataset(sys.argv[1], cache_dir=sys.argv[2], storage_options=options)
@@ -1353,3 +1357,179 @@ def test_pack_to_a_url_stages_then_uploads_manifest_last(s3, tmp_path, monkeypat
     assert _labels(dataset) == list(range(50))
     assert not (tmp_path / "cache" / "staging" / dataset.path.name).exists()  # removed
     # several tasks packing to one URL: tests/test_remote_pack.py
+
+
+# --- S3 reads through signed GETs (roxxel.format.direct) -----------------------------------
+
+
+def test_issue15_speed_s3_shards_are_read_through_signed_gets_not_s3fs(s3, local, tmp_path):
+    """s3fs moves a body through its event loop holding the GIL (benchmarks/README.md): the
+    cache GETs each shard's signed URL instead, and reads exactly what s3fs would."""
+    dataset = _open("s3://roxxel-data/ds", tmp_path, s3.options)
+    assert dataset.cache is not None
+    fs, _ = dataset.cache.store.filesystem()
+
+    def no_s3fs(*args, **kwargs):
+        raise AssertionError("a read through s3fs")
+
+    fs.cat_file = no_s3fs  # the instance the store holds (skip_instance_cache: its own)
+    expected = roxxel.open_dataset(local)
+    for i in range(NUM_RECORDS):
+        assert int(dataset[i]["label"]) == i
+        assert dataset[i]["tokens"].tolist() == expected[i]["tokens"].tolist()
+    assert dataset.cache.num_fetched == dataset.num_shards
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"requester_pays": True},  # a header the signed URL does not carry
+        {"version_aware": True},
+        {"s3_additional_kwargs": {"SSECustomerKey": "k"}},
+        {"client_kwargs": {"verify": False}},  # TLS as the library's config says
+        {"config_kwargs": {"proxies": {"https": "http://127.0.0.1:1"}}},
+        {"client_kwargs": "not a dict"},
+    ],
+    ids=["requester-pays", "version-aware", "sse-c", "verify", "proxies", "odd"],
+)
+def test_issue15_options_a_signed_get_could_read_differently_go_through_s3fs(options):
+    from roxxel.format.direct import direct_reader
+
+    assert direct_reader("s3", object(), {"endpoint_url": "http://h"}) is not None
+    assert direct_reader("s3", object(), {"endpoint_url": "http://h", **options}) is None
+    assert direct_reader("gs", object(), {}) is None and direct_reader("file", object(), {}) is None
+
+
+@pytest.mark.parametrize("name", ["HTTPS_PROXY", "http_proxy", "ALL_PROXY"])
+def test_issue15_a_proxy_in_the_environment_keeps_reads_in_s3fs(name, monkeypatch):
+    from roxxel.format.direct import direct_reader
+
+    monkeypatch.setenv(name, "http://127.0.0.1:1")
+    assert direct_reader("s3", object(), {}) is None
+
+
+class _Answers(BaseHTTPRequestHandler):
+    """Answers every GET as ``mode`` says, from a 1,000-byte object."""
+
+    mode = "range"
+    body = bytes(range(250)) * 4
+    asked: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        _Answers.asked.append(self.path)
+        first, last = (int(x) for x in self.headers["Range"].removeprefix("bytes=").split("-"))
+        status, data = 206, self.body[first : last + 1]
+        if self.mode == "whole":
+            status, data = 200, self.body
+        elif self.mode == "short":
+            data = data[:10]
+        elif first >= len(self.body):
+            status, data = 416, b""
+        elif self.mode.isdigit():
+            status, data = int(self.mode), b"<Error><Code>Nope</Code></Error>"
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data) if self.mode != "short" else last + 1))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet."""
+
+
+class _Signer:
+    """Stands in for s3fs's ``sign``: a URL with a signature, on the local server."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    def sign(self, path: str, expiration: int = 100) -> str:
+        return f"http://127.0.0.1:{self.port}/{path}?X-Amz-Signature=SECRETSIG"
+
+
+@pytest.fixture
+def answers():
+    from http.server import ThreadingHTTPServer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    _Answers.mode, _Answers.asked = "range", []
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_issue15_a_signed_get_reads_a_range_an_empty_range_and_a_server_that_sends_it_all(
+    answers,
+):
+    from roxxel.format.direct import DirectReader
+
+    reader = DirectReader(_Signer(answers), {})
+    assert bytes(reader.read("b/k", 10, 20)) == _Answers.body[10:20]
+    assert bytes(reader.read("b/k", 990, 1001)) == _Answers.body[990:]  # the object ends first
+    assert bytes(reader.read("b/k", 1000, 1001)) == b""  # 416: it ends before start
+    _Answers.mode = "whole"  # a server that ignores Range: the first bytes are still right
+    assert bytes(reader.read("b/k", 0, 5)) == _Answers.body[:5]
+
+
+@pytest.mark.parametrize(
+    ("mode", "outcome"),
+    [
+        ("503", "outage"),
+        ("429", "outage"),
+        ("short", "outage"),
+        ("301", "lasting"),  # a bucket in another region
+        ("403", "lasting"),
+        ("400", "lasting"),
+        ("404", "this read"),  # a missing object: s3fs names it (rule M7)
+    ],
+)
+def test_issue15_a_signed_get_gives_way_to_s3fs_or_reports_an_outage_without_its_url(
+    answers, mode, outcome
+):
+    from roxxel.format.direct import DirectReader, NotDirect
+
+    _Answers.mode = mode
+    reader = DirectReader(_Signer(answers), {})
+    if outcome == "outage":
+        with pytest.raises(ConnectionError) as caught:
+            reader.read("b/k", 0, 100)
+        assert "SECRETSIG" not in "".join(traceback.format_exception(caught.value))
+    else:
+        with pytest.raises(NotDirect) as refused:
+            reader.read("b/k", 0, 100)
+        assert refused.value.lasting == (outcome == "lasting")
+
+
+def test_issue15_a_store_whose_signed_gets_are_refused_reads_through_s3fs(
+    s3, local, tmp_path, answers, monkeypatch
+):
+    """A refusal s3fs would not meet (a redirect, a header the URL lacks) costs one GET: the
+    store reads through s3fs from then on; a missing object, only that read."""
+    from roxxel.format import direct, remote
+
+    monkeypatch.setattr(
+        remote, "direct_reader", lambda *args: direct.DirectReader(_Signer(answers), {})
+    )
+    _Answers.mode = "404"
+    dataset = _open("s3://roxxel-data/ds", tmp_path / "a", s3.options)
+    assert int(dataset[5]["label"]) == 5 and dataset.cache is not None
+    assert dataset.cache.store._direct is not None and len(_Answers.asked) == 2
+    _Answers.mode = "301"
+    dataset = _open("s3://roxxel-data/ds", tmp_path / "b", s3.options)
+    assert [int(dataset[i]["label"]) for i in range(NUM_RECORDS)] == list(range(NUM_RECORDS))
+    assert dataset.cache is not None and dataset.cache.store._direct is None
+    assert len(_Answers.asked) == 3
+
+
+def test_issue15_a_shard_missing_from_the_bucket_is_refused_m7(s3, local, tmp_path):
+    victim = roxxel.open_dataset(local).manifest.shards[1].path
+    s3.fs.put(str(local), "roxxel-data/holed", recursive=True)
+    s3.fs.rm(f"roxxel-data/holed/{victim}")
+    dataset = _open("s3://roxxel-data/holed", tmp_path, s3.options)
+    with pytest.raises(FormatError) as caught:
+        dataset[int(dataset.shard_starts[1])]
+    assert caught.value.rule == "M7" and caught.value.path == f"s3://roxxel-data/holed/{victim}"
+    assert dataset.cache is not None and dataset.cache.store._direct is not None

@@ -107,21 +107,33 @@ def test_an_unreachable_url_raises_a_connection_error_without_its_password(refus
     assert "ClientConnectorError" in text  # what failed, still said
 
 
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        ({}, "NewConnectionError: Connection refused"),  # a signed GET (roxxel.format.direct)
+        ({"config_kwargs": {"proxies": {}}}, "EndpointConnectionError"),  # through s3fs
+    ],
+    ids=["signed-get", "s3fs"],
+)
 def test_an_unreachable_endpoint_in_storage_options_never_shows_in_the_traceback(
-    refused_port, tmp_path, monkeypatch
+    refused_port, tmp_path, monkeypatch, extra, said
 ):
     """botocore's error (the cause) printed the endpoint, a storage option, in full."""
     pytest.importorskip("s3fs")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
-    options = {"endpoint_url": f"http://127.0.0.1:{refused_port}/SUPERSECRETPATH"}
+    options = {"endpoint_url": f"http://127.0.0.1:{refused_port}/SUPERSECRETPATH", **extra}
     config = CacheConfig("s3://bucket/ds", tmp_path, options, policy=FAST)
     with pytest.raises(ConnectionError) as caught:
         Dataset("s3://bucket/ds", cache=ShardCache(config))
     assert "SUPERSECRETPATH" not in _shown(caught.value)
     text = str(caught.value)
     assert "s3://bucket/ds/manifest.json: unreachable" in text
-    assert "EndpointConnectionError" in text and "<storage_options endpoint_url>" in text
+    assert said in text  # what failed, still said
+    if not extra:  # nor the signed URL: its signature, its key id
+        assert "Signature" not in _shown(caught.value) and "Credential" not in _shown(caught.value)
+    else:
+        assert "<storage_options endpoint_url>" in text
 
 
 def test_a_failed_upload_raises_a_connection_error_without_the_password(served, refused_port):

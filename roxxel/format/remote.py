@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from roxxel.errors import ConfigError, RoxxelError, check_int, without_credentials
+from roxxel.format.direct import DirectReader, NotDirect, direct_reader
 
 __all__ = ["FetchPolicy", "RemoteStore", "is_url", "join_url"]
 
@@ -98,6 +99,7 @@ class RemoteStore:
         self.policy = policy or FetchPolicy()
         self._lock = threading.Lock()
         self._fs: tuple[Any, str] | None = None
+        self._direct: DirectReader | None = None
         self._pid = os.getpid()
 
     def filesystem(self) -> tuple[Any, str]:
@@ -108,6 +110,8 @@ class RemoteStore:
         with self._lock:
             if self._fs is None:
                 self._fs = _filesystem(self.url, self.storage_options)
+                protocol = self.url.split("://", 1)[0]
+                self._direct = direct_reader(protocol, self._fs[0], self.storage_options)
             return self._fs
 
     def read(self, name: str, start: int = 0, stop: int | None = None) -> bytes:
@@ -115,8 +119,15 @@ class RemoteStore:
         fewer when the object ends first, none when it ends before ``start``, on every
         protocol). One request per try."""
         fs, root = self.filesystem()
-        path = f"{root.rstrip('/')}/{name}"
-        return self.retry(join_url(self.url, name), lambda: _cat(fs, path, start, stop))
+        path, where = f"{root.rstrip('/')}/{name}", join_url(self.url, name)
+        direct = self._direct
+        if direct is not None and stop is not None:
+            try:
+                return self.retry(where, lambda: direct.read(path, start, stop))
+            except NotDirect as refused:  # the library answers: this read, or from now on
+                if refused.lasting:
+                    self._direct = None
+        return self.retry(where, lambda: _cat(fs, path, start, stop))
 
     def size(self, name: str) -> int:
         """Size in bytes of object ``name`` of the folder."""
@@ -130,7 +141,7 @@ class RemoteStore:
         while True:
             try:
                 return call()
-            except RoxxelError:
+            except (RoxxelError, NotDirect):
                 raise
             except Exception as exc:  # judged below, outside this handler: no context
                 failure = exc

@@ -354,6 +354,14 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _getter_cpu_s() -> float:
+    """CPU seconds of this process's download process (`roxxel.format.getter`) so far, its
+    work counted as this process's: 0 before it starts."""
+    from roxxel.format import direct
+
+    return sum(_cpu_s(g.pid) for g in direct._GETTER if g._process.poll() is None)
+
+
 def _touch_free_pages(folder: Path, num_bytes: int) -> None:
     """Write and delete a file of ``num_bytes``: the kernel's free pages are then backed by
     the host again (see ``--warm-pages``)."""
@@ -374,7 +382,8 @@ def _round(
     warm_pages: int,
 ) -> dict:
     """One round: every measurement once, in an order rotated by ``k``, with the CPU
-    seconds it cost this process and the server (``<name>_cpu``, ``<name>_server_cpu``);
+    seconds it cost this process (with its download process, `_getter_cpu_s`) and the server
+    (``<name>_cpu``, ``<name>_server_cpu``);
     with ``warm_pages``, that many bytes of free pages touched before each."""
     steps: list[tuple[str, Callable[[], Any]]] = [
         ("bulk_s", lambda: _gets(bench.fs, bench.paths)),
@@ -395,9 +404,9 @@ def _round(
         gc.collect()  # the caches, loaders and mappings of the last measurement go first
         if warm_pages:
             _touch_free_pages(bench.root, warm_pages)
-        cpu, server_cpu = time.process_time(), _cpu_s(server)
+        cpu, server_cpu = time.process_time() + _getter_cpu_s(), _cpu_s(server)
         value = call()
-        result[f"{name}_cpu"] = time.process_time() - cpu
+        result[f"{name}_cpu"] = time.process_time() + _getter_cpu_s() - cpu
         result[f"{name}_server_cpu"] = _cpu_s(server) - server_cpu
         if isinstance(value, dict):
             result.update({f"{name}_{key}": v for key, v in value.items()})
@@ -544,7 +553,7 @@ def _report(args: Any, bench: Bench, rounds: list[dict], streaming_error: str | 
         ),
         "bound on these cores: bulk / max(bulk, (CPU of that download + of the warm epoch)"
         " / cores)": _cores_bound(rounds),
-        "CPU s (this process + server) in wall s (prefetch: and the warm epoch)": {
+        "CPU s (this process and its download process + server) in wall s (prefetch: and the warm epoch)": {
             name: _cpu_row(rounds, name, wall)
             for name, wall in (
                 ("bulk_s", ("bulk_s",)),

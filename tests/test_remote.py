@@ -1533,3 +1533,83 @@ def test_issue15_a_shard_missing_from_the_bucket_is_refused_m7(s3, local, tmp_pa
         dataset[int(dataset.shard_starts[1])]
     assert caught.value.rule == "M7" and caught.value.path == f"s3://roxxel-data/holed/{victim}"
     assert dataset.cache is not None and dataset.cache.store._direct is not None
+
+
+# --- the download process (roxxel.format.getter) -------------------------------------------
+
+
+def _running_getter():
+    """This process's download process, started and ready (a test may have ended one)."""
+    from roxxel.format import direct
+
+    getter = direct._getter()
+    if getter is None and direct._GETTER and direct._GETTER[0].gone:
+        direct._GETTER.clear()  # one a test killed: start another
+        getter = direct._getter()
+    assert direct._GETTER and direct._GETTER[0].ready.wait(30)
+    return direct._GETTER[0]
+
+
+def test_issue15_speed_s3_shards_download_in_a_process_of_their_own(s3, local, tmp_path):
+    """The downloads' bytes never take this process's GIL (the Loader keeps it): once the
+    download process is ready, it GETs every shard and writes it into the cache's file."""
+    getter = _running_getter()
+    before = getter.num_answered
+    dataset = _open("s3://roxxel-data/ds", tmp_path, s3.options)
+    assert [int(dataset[i]["label"]) for i in range(NUM_RECORDS)] == list(range(NUM_RECORDS))
+    assert getter.num_answered - before >= dataset.num_shards  # and the manifest's read here
+    assert getter._process.poll() is None
+
+
+def test_issue15_a_download_process_killed_leaves_the_reads_to_this_process(s3, local, tmp_path):
+    getter = _running_getter()
+    getter._process.kill()
+    getter._process.wait()
+    deadline = time.monotonic() + 10
+    while not getter.gone and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert getter.gone
+    dataset = _open("s3://roxxel-data/ds", tmp_path, s3.options)
+    assert [int(dataset[i]["label"]) for i in range(NUM_RECORDS)] == list(range(NUM_RECORDS))
+    assert dataset.cache is not None and dataset.cache.num_fetched == dataset.num_shards
+
+
+def test_issue15_the_download_process_answers_as_a_get_here_would(answers, tmp_path):
+    from roxxel.format.getter import GetterGone, NotDirect, Outage, WriteFailed
+
+    getter = _running_getter()
+    url = _Signer(answers).sign("b/k")
+    file = tmp_path / "part"
+    file.write_bytes(b"")
+    assert getter.get_into(url, 10, 20, str(file), (5.0, 5.0)) == 10
+    assert getter.get_into(url, 0, 10, str(file), (5.0, 5.0)) == 10
+    assert file.read_bytes() == _Answers.body[:20]
+    with pytest.raises(WriteFailed) as failed:  # the folder is gone: the cache names it
+        getter.get_into(url, 0, 10, str(tmp_path / "gone" / "part"), (5.0, 5.0))
+    assert failed.value.errno == 2
+    _Answers.mode = "301"
+    with pytest.raises(NotDirect) as refused:
+        getter.get_into(url, 0, 10, str(file), (5.0, 5.0))
+    assert refused.value.lasting
+    _Answers.mode = "503"
+    with pytest.raises(Outage, match="HTTP 503") as outage:
+        getter.get_into(url, 0, 10, str(file), (5.0, 5.0))
+    assert "SECRETSIG" not in "".join(traceback.format_exception(outage.value))
+    assert not getter.gone and not isinstance(outage.value, GetterGone)
+
+
+def test_issue15_a_forked_child_leaves_the_download_process_to_its_parent(s3, tmp_path):
+    from roxxel.format import direct
+
+    getter = _running_getter()
+    pid = os.fork()
+    if pid == 0:  # the child: no download process of its own until it downloads
+        code = 0 if not direct._GETTER and getter.gone else 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert not getter.gone and getter._process.poll() is None  # the parent's, still there
+    dataset = _open("s3://roxxel-data/ds", tmp_path, s3.options)
+    before = getter.num_answered
+    assert int(dataset[NUM_RECORDS - 1]["label"]) == NUM_RECORDS - 1
+    assert getter.num_answered > before

@@ -39,7 +39,6 @@ so it reads ahead for the cache independently of page faults.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import os
@@ -56,6 +55,7 @@ from typing import Any
 
 from roxxel.errors import ConfigError, FormatError, RoxxelError, check_int, without_credentials
 from roxxel.format.column import WHY
+from roxxel.format.getter import WriteFailed
 from roxxel.format.manifest import (
     MANIFEST_MAX_BYTES,
     MANIFEST_NAME,
@@ -506,25 +506,29 @@ class ShardCache:
         """Stream the object into ``temp`` in ranged reads (each retried), size-checked: one
         GET per ``chunk_bytes``, the last one a byte past the entry's end (module docstring)."""
         size, chunk = entry.num_bytes, self.config.policy.chunk_bytes
-        with _writing(temp):  # unbuffered: every byte written by the time write returns
-            out = open(temp, "wb", buffering=0)  # noqa: SIM115 (closed below, nothing to flush)
-        with out:
-            offset = 0
-            while offset < size:
-                stop = offset + chunk if offset + chunk < size else size + 1
+        with _writing(temp):
+            temp.write_bytes(b"")
+        offset = 0
+        while offset < size:
+            stop = offset + chunk if offset + chunk < size else size + 1
+            try:
+                num_read = self.store.read_into(entry.path, offset, stop, str(temp))
+            except FileNotFoundError:
+                url = join_url(self.config.url, entry.path)
+                raise _refused(url, "M7", "no such object (the manifest lists it)") from None
+            except WriteFailed as failed:
+                with _writing(temp):
+                    raise OSError(failed.errno, os.strerror(failed.errno)) from None
+            if num_read != min(stop, size) - offset:
+                raise self._wrong_size(entry, offset, num_read)
+            offset += num_read
+        if self._durable:
+            with _writing(temp):
+                fd = os.open(temp, os.O_RDONLY | os.O_CLOEXEC)
                 try:
-                    data = self.store.read(entry.path, offset, stop)
-                except FileNotFoundError:
-                    url = join_url(self.config.url, entry.path)
-                    raise _refused(url, "M7", "no such object (the manifest lists it)") from None
-                if len(data) != min(stop, size) - offset:
-                    raise self._wrong_size(entry, offset, len(data))
-                with _writing(temp):
-                    _write_all(out, data)
-                offset += len(data)
-            if self._durable:
-                with _writing(temp):
-                    os.fsync(out.fileno())
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
 
     def _wrong_size(self, entry: ShardEntry, offset: int, num_read: int) -> FormatError:
         """M8: a read from ``offset`` gave ``num_read`` bytes, not what the entry implies."""
@@ -593,16 +597,6 @@ def _renew_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_renew_after_fork)
-
-
-def _write_all(out: Any, data: bytes) -> None:
-    """Every byte of ``data`` to the unbuffered file ``out`` (a write may take only some)."""
-    view = memoryview(data)
-    while view:
-        num = out.write(view)
-        if not num:
-            raise OSError(errno.ENOSPC, "no byte written")
-        view = view[num:]
 
 
 @contextlib.contextmanager

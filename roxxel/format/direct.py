@@ -5,7 +5,10 @@ holds the GIL for most of that (about 2 ns a byte here): in a process that also 
 Loader, downloads and batches take turns on one core. A signed URL (the store's own
 ``sign``: botocore's presigned GET, the same credentials, endpoint and region) read with
 urllib3's ``readinto`` into one buffer copies the bytes in C with the GIL released, at about
-a third of the CPU (``benchmarks/README.md``).
+a third of the CPU (``benchmarks/README.md``). A shard's download goes further: once this
+process's download process is ready (`getter.Getter`, started by the first download), it
+GETs the URL and writes the bytes into the cache's file itself, so they never take this
+process's GIL at all; until then, and if it ever ends, they are read here.
 
 This path is taken only where it cannot read differently from fsspec's: S3 with storage
 options that only name credentials, an endpoint, a region and timeouts, and no proxy in the
@@ -20,10 +23,13 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["DirectReader", "NotDirect", "direct_reader"]
+from roxxel.format.getter import Getter, GetterGone, NotDirect, get_range, make_pool, write_at
+
+__all__ = ["DirectReader", "direct_reader"]
 
 # storage options that change nothing a signed GET reads: credentials, an endpoint, a region,
 # timeouts, and fsspec's own caching of instances, listings and blocks
@@ -60,110 +66,73 @@ _SIGNED_FOR_S = 3600
 _TIMEOUT_S = 60.0  # botocore's default connect and read timeouts
 
 
-class NotDirect(Exception):
-    """The store answered what only its own library handles: read through fsspec instead;
-    ``lasting``: for every later read of this store too (a redirect, a refusal, a trust
-    store), not only this one (a missing object)."""
-
-    def __init__(self, lasting: bool = True) -> None:
-        super().__init__()
-        self.lasting = lasting
-
-
 class DirectReader:
-    """Ranged GETs of signed URLs, through one pool of kept-alive connections (thread-safe)."""
+    """Ranged GETs of signed URLs (thread-safe): in this process, or, once it is ready, by
+    the download process of this process (`getter.Getter`, one for every reader)."""
 
     def __init__(self, fs: Any, options: Mapping[str, Any]) -> None:
-        import urllib3  # with s3fs: botocore's own HTTP client
-
         config = options.get("config_kwargs") or {}
-        timeout = urllib3.Timeout(
-            connect=config.get("connect_timeout", _TIMEOUT_S),
-            read=config.get("read_timeout", _TIMEOUT_S),
+        self._timeout = (
+            float(config.get("connect_timeout", _TIMEOUT_S)),
+            float(config.get("read_timeout", _TIMEOUT_S)),
         )
         self._fs = fs
-        self._pool = urllib3.PoolManager(
-            maxsize=32, retries=False, timeout=timeout, cert_reqs="CERT_REQUIRED"
-        )
+        self._pool = make_pool(*self._timeout)
 
-    def read(self, path: str, start: int, stop: int) -> bytearray:
-        """Bytes [start, stop) of the object at ``path`` (fewer when it ends first, none when
-        it ends before ``start``). Raises ``ConnectionError`` for an outage (a retry may fix
-        it) and `NotDirect` for any other answer but data."""
-        import urllib3
+    def read(self, path: str, start: int, stop: int) -> bytes:
+        """Bytes [start, stop) of the object at ``path``, read here (`getter.get_range`;
+        copied once more: for small reads, a manifest or a trailer)."""
+        return bytes(get_range(self._pool, self._sign(path), start, stop))
 
+    def read_into(self, path: str, start: int, stop: int, file: str) -> int:
+        """Bytes [start, stop) of the object at ``path`` written into the existing ``file``
+        at offset ``start``, by the download process where it is ready; how many. Raises
+        what `read` raises, and `getter.WriteFailed`."""
+        url = self._sign(path)
+        getter = _getter()
+        if getter is not None:
+            try:
+                return getter.get_into(url, start, stop, file, self._timeout)
+            except GetterGone:
+                pass
+        data = get_range(self._pool, url, start, stop)
+        write_at(file, data, start)
+        return len(data)
+
+    def _sign(self, path: str) -> str:
         try:
-            url = self._fs.sign(path, expiration=_SIGNED_FOR_S)
+            return self._fs.sign(path, expiration=_SIGNED_FOR_S)
         except Exception:  # no credentials, say: fsspec's own call names it
             raise NotDirect from None
-        try:
-            response = self._pool.request(
-                "GET",
-                url,
-                headers={"Range": f"bytes={start}-{stop - 1}"},
-                preload_content=False,
-                decode_content=False,  # the stored bytes, as botocore reads them
-                redirect=False,
-            )
-        except urllib3.exceptions.SSLError:
-            raise NotDirect from None  # a trust store only the library's own config names
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise ConnectionError(_what(exc)) from None
-        try:
-            return _body(response, start, stop)
-        except (urllib3.exceptions.HTTPError, OSError) as exc:  # the body broke off
-            response.close()
-            raise ConnectionError(_what(exc)) from None
-        finally:
-            response.release_conn()
 
 
-def _body(response: Any, start: int, stop: int) -> bytearray:
-    """The bytes of a response to a ranged GET (`DirectReader.read`); raises `NotDirect`, or
-    ``_Outage`` (a ``ConnectionError`` of this module's own words)."""
-    status = response.status
-    if status == 416:  # the object ends before start
-        response.drain_conn()
-        return bytearray()
-    if status >= 500 or status == 429:
-        response.drain_conn()
-        raise _Outage(f"HTTP {status} from the store")
-    if status not in (200, 206) or (status == 200 and start > 0):
-        response.drain_conn()
-        raise NotDirect(lasting=status != 404)
-    length = response.headers.get("Content-Length", "")
-    if not length.isdigit():
-        response.close()
-        raise NotDirect
-    size = min(int(length), stop - start)
-    data = bytearray(size)
-    view, got = memoryview(data), 0
-    while got < size:
-        num_read = response.readinto(view[got:])
-        if not num_read:
-            response.close()
-            raise _Outage(f"the store closed the connection after {got} of {size} bytes")
-        got += num_read
-    if int(length) > size:  # a server that sent the whole object: do not reuse the socket
-        response.close()
-    return data
+_GETTER: list[Getter] = []  # the download process of this process, once started
+_GETTER_LOCK = threading.Lock()
 
 
-class _Outage(ConnectionError):
-    """An outage this module names in its own words (no URL in them)."""
+def _getter() -> Getter | None:
+    """The download process, started on first use; None while it starts, or once it has
+    gone (it is not started again)."""
+    with _GETTER_LOCK:
+        if not _GETTER:
+            try:
+                _GETTER.append(Getter())
+            except OSError:  # no process to start here: every GET in this process
+                return None
+        getter = _GETTER[0]
+    return getter if getter.ready.is_set() and not getter.gone else None
 
 
-def _what(exc: BaseException) -> str:
-    """A network error in words without its URL (a signed URL holds a signature): this
-    module's own words, or the error's kind and the errno of the OS error under it."""
-    if isinstance(exc, _Outage):
-        return str(exc)
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno:
-            return f"{type(exc).__name__}: {os.strerror(seen.errno)}"
-        seen = seen.__cause__ or seen.__context__
-    return type(exc).__name__
+def _forget_getter() -> None:
+    """In a forked child: the parent's download process is the parent's."""
+    global _GETTER_LOCK
+    _GETTER_LOCK = threading.Lock()
+    for getter in _GETTER:
+        getter.forget()
+    _GETTER.clear()
+
+
+os.register_at_fork(after_in_child=_forget_getter)
 
 
 def direct_reader(protocol: str, fs: Any, options: Mapping[str, Any]) -> DirectReader | None:

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from roxxel.errors import ConfigError, RoxxelError, check_int, without_credentials
-from roxxel.format.direct import DirectReader, NotDirect, direct_reader
+from roxxel.format.direct import DirectReader, direct_reader
+from roxxel.format.getter import NotDirect, WriteFailed, write_at
 
 __all__ = ["FetchPolicy", "RemoteStore", "is_url", "join_url"]
 
@@ -129,6 +130,25 @@ class RemoteStore:
                     self._direct = None
         return self.retry(where, lambda: _cat(fs, path, start, stop))
 
+    def read_into(self, name: str, start: int, stop: int, file: str) -> int:
+        """`read`, the bytes written into the existing local ``file`` at offset ``start``
+        (on S3, by the download process where it can: `roxxel.format.direct`); how many.
+        Raises what `read` raises, and `getter.WriteFailed` when the file cannot take them."""
+        fs, root = self.filesystem()
+        direct = self._direct
+        if direct is None:
+            data = self.read(name, start, stop)
+        else:
+            path, where = f"{root.rstrip('/')}/{name}", join_url(self.url, name)
+            try:
+                return self.retry(where, lambda: direct.read_into(path, start, stop, file))
+            except NotDirect as refused:  # the library answers: this read, or from now on
+                if refused.lasting:
+                    self._direct = None
+            data = self.retry(where, lambda: _cat(fs, path, start, stop))
+        write_at(file, data, start)
+        return len(data)
+
     def size(self, name: str) -> int:
         """Size in bytes of object ``name`` of the folder."""
         fs, root = self.filesystem()
@@ -141,7 +161,7 @@ class RemoteStore:
         while True:
             try:
                 return call()
-            except (RoxxelError, NotDirect):
+            except (RoxxelError, NotDirect, WriteFailed):
                 raise
             except Exception as exc:  # judged below, outside this handler: no context
                 failure = exc

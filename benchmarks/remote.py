@@ -6,18 +6,20 @@ own process), uploads a generated token dataset (records of 2048 int32) and prin
 so a change of load hits all of them alike):
 
 - time to the first shuffled batch from a cold cache / time to fetch only the shards that batch
-  reads, as raw GETs, 8 in parallel (the issue's limit: at most 1.5); also / the same shards
-  through roxxel's cache (download + verify + rename), to show the Loader's own share, and the
-  least a verified file cache pays: the same GETs written to files, hashed and renamed in bare
-  code, / the raw GETs;
+  reads, as raw GETs, 8 in parallel, with the faster of two clients (s3fs's ``cat_file``, and
+  urllib3 on each object's signed URL) (the issue's limit: at most 1.5); also / the same
+  shards through roxxel's cache (download + verify + rename), to show the Loader's own share,
+  and the least a verified file cache pays: the same signed GETs written to files, hashed and
+  renamed in bare code, / the raw GETs;
 - an epoch through the Loader with the cache warming up (shuffled, shuffled within groups of
-  4 shards, and in order) / the
-  server's bulk rate: every shard as one whole-object GET, 8 in parallel, into memory (at least
-  0.8); boto3's ``get_object`` over the same 8 threads is printed beside it for reference, and
-  the cache alone (``Dataset.prefetch`` of every shard, no Loader) over the same bulk rate;
+  4 shards, and in order) / the server's bulk rate: every shard as one whole-object GET, 8 in
+  parallel, into memory, with the fastest of three clients in each round (s3fs, boto3's
+  ``get_object``, urllib3 on signed URLs; each one's rate is printed) (at least 0.8); the
+  cache alone (``Dataset.prefetch`` of every shard, no Loader) over the same bulk rate, and
+  the shuffled epoch over s3fs's bulk rate (the baseline of runs before 2026-11-28);
 - the bound on this machine's cores: a bare verified download of every shard (as above) and
-  an epoch over the filled cache, their CPU seconds (this process and the server) over the
-  cores, against the bulk time: what any design could reach here;
+  an epoch over the filled cache, their CPU seconds (this process, its download process and
+  the server) over the cores, against the bulk time: what any design could reach here;
 - MosaicML Streaming (``--streaming``, on by default when its venv from ``benchmarks.venvs``
   installs): the same records written as MDS (``ndarray:int32:2048``, uncompressed, shards of
   the same size) to the same server, read by ``StreamingDataset(remote=s3://..., local=<fresh

@@ -805,12 +805,43 @@ def test_issue15_speed_the_loader_fetches_ahead_without_page_faults(local, tmp_p
     assert read_unasked == [] and asked == set(range(dataset.num_shards))
 
 
+def test_issue15_speed_an_in_order_read_keeps_every_download_busy(tmp_path, monkeypatch):
+    """Each shard feeds 24 steps: fetching `32 * readahead` steps ahead kept 3 of 8 downloads
+    busy while the loader waited for the next shard; the loader now asks far enough ahead."""
+    from roxxel.loader.loader import Loader, LoaderConfig
+
+    with roxxel.DatasetWriter(tmp_path / "ds", {"label": "int64"}, shard_bytes=400) as writer:
+        for i in range(32 * 40):
+            writer.write({"label": i})
+    config = CacheConfig(f"file://{tmp_path / 'ds'}", tmp_path / "cache", max_fetches=8)
+    cache = ShardCache(config)
+    dataset = Dataset(config.url, cache=cache)
+    assert dataset.num_shards >= 20 and len(dataset) // dataset.num_shards >= 32
+    running, most, lock = [0], [0], threading.Lock()
+    read = cache.store.read
+
+    def slow(name, start=0, stop=None):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.02)  # a download takes a while: the loader waits for shards
+        with lock:
+            running[0] -= 1
+        return read(name, start, stop)
+
+    monkeypatch.setattr(cache.store, "read", slow)
+    with Loader(dataset, 2, shuffle=False, config=LoaderConfig(fields=("label",))) as loader:
+        labels = [int(x) for batch in loader for x in batch["label"]]
+    assert labels == list(range(len(dataset)))
+    assert most[0] >= 7  # of max_fetches=8
+    cache.close()
+
+
 # --- kill -9 during a fetch ------------------------------------------------------------------
 
 _KILLED_FETCHER = """
 import sys, threading
 from pathlib import Path
-from typing import ClassVar
 from roxxel.format.cache import CacheConfig, ShardCache
 from roxxel.format.dataset import Dataset
 from roxxel.format.remote import FetchPolicy, RemoteStore
@@ -914,7 +945,6 @@ def test_s3_open_read_loader_and_resume(s3, local, tmp_path):
 _SHARING_READER = """
 import json, os, sys
 from pathlib import Path
-from typing import ClassVar
 import roxxel
 options = json.loads(sys.argv[3])
 dataset = roxxel.open_dataset(sys.argv[1], cache_dir=sys.argv[2], storage_options=options)

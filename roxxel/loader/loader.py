@@ -584,9 +584,10 @@ def places_apart(sharding: Any) -> bool:
 
 
 _COLD_STEPS = 8  # read ahead this many times `readahead` steps after the last major fault
-# fetching for a dataset at a URL: up to this many times `readahead` steps ahead, at most
+# fetching for a dataset at a URL: up to this many times `readahead` steps ahead (all of
+# `max_fetches` busy while an in-order read waits for its next shard), at most
 # _FETCH_BURST steps further per batch, while fewer than _FETCH_QUEUED downloads wait
-_FETCH_STEPS, _FETCH_BURST, _FETCH_QUEUED = 32, 16, 2
+_FETCH_STEPS, _FETCH_BURST, _FETCH_QUEUED = 128, 16, 2
 _RUSAGE = resource.RUSAGE_THREAD if sys.platform.startswith("linux") else None
 
 

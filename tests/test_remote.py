@@ -1439,28 +1439,37 @@ def test_issue15_a_proxy_in_the_environment_keeps_reads_in_s3fs(name, monkeypatc
 
 
 class _Answers(BaseHTTPRequestHandler):
-    """Answers every GET as ``mode`` says, from a 1,000-byte object."""
+    """Answers every GET as ``mode`` says, from a 10,000-byte object; ``asked`` holds the
+    first byte each GET asked for."""
 
     mode = "range"
-    body = bytes(range(250)) * 4
-    asked: ClassVar[list[str]] = []
+    body = bytes(range(250)) * 40
+    asked: ClassVar[list[int]] = []
 
     def do_GET(self) -> None:
-        _Answers.asked.append(self.path)
         first, last = (int(x) for x in self.headers["Range"].removeprefix("bytes=").split("-"))
+        _Answers.asked.append(first)
         status, data = 206, self.body[first : last + 1]
+        length = len(data)
         if self.mode == "whole":
-            status, data = 200, self.body
-        elif self.mode == "short":
+            status, data, length = 200, self.body, len(self.body)
+        elif self.mode == "short":  # says the whole range, sends 10 bytes, closes
             data = data[:10]
+        elif self.mode == "break-once":  # half the range, then the connection closes
+            data, _Answers.mode = data[: len(data) // 2], "range"
         elif first >= len(self.body):
-            status, data = 416, b""
+            status, data, length = 416, b"", 0
         elif self.mode.isdigit():
             status, data = int(self.mode), b"<Error><Code>Nope</Code></Error>"
+            length = len(data)
         self.send_response(status)
-        self.send_header("Content-Length", str(len(data) if self.mode != "short" else last + 1))
+        self.send_header("Content-Length", str(length))
+        if len(data) < length:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(data)
+        if len(data) < length:
+            self.close_connection = True
 
     def log_message(self, format: str, *args: object) -> None:
         """Quiet."""
@@ -1498,8 +1507,8 @@ def test_issue15_a_signed_get_reads_a_range_an_empty_range_and_a_server_that_sen
 
     reader = DirectReader(_Signer(answers), {})
     assert bytes(reader.read("b/k", 10, 20)) == _Answers.body[10:20]
-    assert bytes(reader.read("b/k", 990, 1001)) == _Answers.body[990:]  # the object ends first
-    assert bytes(reader.read("b/k", 1000, 1001)) == b""  # 416: it ends before start
+    assert bytes(reader.read("b/k", 9990, 10001)) == _Answers.body[9990:]  # it ends first
+    assert bytes(reader.read("b/k", 10000, 10001)) == b""  # 416: it ends before start
     _Answers.mode = "whole"  # a server that ignores Range: the first bytes are still right
     assert bytes(reader.read("b/k", 0, 5)) == _Answers.body[:5]
 
@@ -1643,3 +1652,97 @@ def test_issue15_a_forked_child_leaves_the_download_process_to_its_parent(s3, tm
     before = getter.num_answered
     assert int(dataset[NUM_RECORDS - 1]["label"]) == NUM_RECORDS - 1
     assert getter.num_answered > before
+
+
+def _direct_store(answers, monkeypatch, attempts: int = 2) -> RemoteStore:
+    """An S3 store whose signed GETs go to the local answering server."""
+    from roxxel.format import direct, remote
+
+    monkeypatch.setattr(
+        remote, "direct_reader", lambda *args: direct.DirectReader(_Signer(answers), {})
+    )
+    monkeypatch.setattr(remote, "_filesystem", lambda url, options: (object(), "bucket/ds"))
+    policy = FetchPolicy(attempts=attempts, backoff_s=0.0, chunk_bytes=4096)
+    return RemoteStore("s3://bucket/ds", {}, policy)
+
+
+@pytest.mark.parametrize("in_process", [True, False], ids=["here", "download-process"])
+def test_issue15_speed_a_signed_get_reads_a_whole_shard_in_one_request(
+    answers, tmp_path, monkeypatch, in_process
+):
+    """Chunks of 8 MiB cost a request each (a 32 MiB shard: 4 in a row, and the server's
+    work for each): a signed GET streams the whole object, holding 4 MiB at a time."""
+    from roxxel.format import direct
+
+    if in_process:
+        monkeypatch.setattr(direct, "_getter", lambda: None)
+    else:
+        _running_getter()
+    store = _direct_store(answers, monkeypatch)
+    file = tmp_path / "part"
+    file.write_bytes(b"")
+    assert store.read_into("k", 0, 10_001, str(file)) == 10_000  # 3 chunks of 4096 before
+    assert file.read_bytes() == _Answers.body and _Answers.asked == [0]
+
+
+@pytest.mark.parametrize("in_process", [True, False], ids=["here", "download-process"])
+def test_issue15_a_broken_signed_get_goes_on_where_it_stopped(
+    answers, tmp_path, monkeypatch, in_process
+):
+    from roxxel.format import direct
+
+    if in_process:
+        monkeypatch.setattr(direct, "_getter", lambda: None)
+    else:
+        _running_getter()
+    store = _direct_store(answers, monkeypatch)
+    file = tmp_path / "part"
+    file.write_bytes(b"")
+    _Answers.mode = "break-once"
+    assert store.read_into("k", 0, 10_001, str(file)) == 10_000
+    assert file.read_bytes() == _Answers.body
+    assert _Answers.asked == [0, 5000]  # the second GET asks for what the first did not bring
+
+
+def test_issue15_a_store_that_keeps_breaking_off_is_given_up_like_chunked_reads(
+    answers, tmp_path, monkeypatch
+):
+    """10 bytes a try: every try moves some, so the tries are bounded by what chunked reads
+    had (attempts per 4096 bytes), not by progress alone (a drip would go on for ever)."""
+    from roxxel.format import direct
+
+    monkeypatch.setattr(direct, "_getter", lambda: None)
+    store = _direct_store(answers, monkeypatch, attempts=2)
+    file = tmp_path / "part"
+    file.write_bytes(b"")
+    _Answers.mode = "short"
+    with pytest.raises(ConnectionError, match=r"s3://bucket/ds/k: unreachable after 2 attempts"):
+        store.read_into("k", 0, 10_001, str(file))
+    assert len(_Answers.asked) == 2 * 3  # 3 rounds (10,001 bytes in chunks of 4096) of 2
+    assert file.read_bytes() == _Answers.body[:60]  # every try's 10 bytes kept
+
+
+def test_issue15_speed_the_cache_gets_each_s3_shard_in_one_request(s3, tmp_path, monkeypatch):
+    """The cache read a shard in GETs of `FetchPolicy.chunk_bytes` one after another (a 32
+    MiB shard: 4, each a request the server pays for): over signed GETs, one per shard."""
+    from roxxel.format import direct
+
+    with roxxel.DatasetWriter(tmp_path / "big", {"x": "uint8[1000]"}, shard_bytes=20_000) as w:
+        for i in range(60):
+            w.write({"x": np.full(1000, i, np.uint8)})
+    s3.fs.put(str(tmp_path / "big"), "roxxel-data/big", recursive=True)
+    calls: list[str] = []
+    read_into = direct.DirectReader.read_into
+
+    def counted(self, path, start, stop, file):
+        calls.append(path)
+        return read_into(self, path, start, stop, file)
+
+    monkeypatch.setattr(direct.DirectReader, "read_into", counted)
+    config = CacheConfig(
+        "s3://roxxel-data/big", tmp_path / "cache", s3.options, policy=FetchPolicy(chunk_bytes=4096)
+    )
+    dataset = Dataset(config.url, cache=ShardCache(config))
+    assert [int(dataset[i]["x"][0]) for i in range(60)] == list(range(60))
+    assert all(e.num_bytes > 3 * 4096 for e in dataset.manifest.shards)
+    assert sorted(calls) == sorted({*calls}) and len(calls) == dataset.num_shards

@@ -29,9 +29,10 @@ over it, so no fetch lists the folder.
 
 Within a process: at most ``max_fetches`` downloads run at once (daemon threads for
 `prefetch`: a download in flight never holds up the interpreter's exit); a shard wanted now
-that is still queued is fetched at once by the caller. A download is one ranged GET per
-``chunk_bytes`` (no size request first: the last read asks for one byte past the entry's end,
-so an object longer or shorter than the manifest says shows in the reads). `num_missing` and
+that is still queued is fetched at once by the caller. A download is one ranged read per
+``chunk_bytes`` through fsspec, one streamed GET on S3's signed URLs (`RemoteStore.read_into`);
+no size request first: the last read asks for one byte past the entry's end, so an object
+longer or shorter than the manifest says shows in the reads. `num_missing` and
 `num_queued` tell the Loader whether shards are still to be fetched and how many fetches wait,
 so it reads ahead for the cache independently of page faults.
 """
@@ -503,25 +504,21 @@ class ShardCache:
             os.close(lock)  # releases the flock
 
     def _download(self, entry: ShardEntry, temp: Path) -> None:
-        """Stream the object into ``temp`` in ranged reads (each retried), size-checked: one
-        GET per ``chunk_bytes``, the last one a byte past the entry's end (module docstring)."""
-        size, chunk = entry.num_bytes, self.config.policy.chunk_bytes
+        """The object into ``temp``, size-checked: ranged reads up to a byte past the entry's
+        end (`RemoteStore.read_into`; module docstring)."""
+        size = entry.num_bytes
         with _writing(temp):
             temp.write_bytes(b"")
-        offset = 0
-        while offset < size:
-            stop = offset + chunk if offset + chunk < size else size + 1
-            try:
-                num_read = self.store.read_into(entry.path, offset, stop, str(temp))
-            except FileNotFoundError:
-                url = join_url(self.config.url, entry.path)
-                raise _refused(url, "M7", "no such object (the manifest lists it)") from None
-            except WriteFailed as failed:
-                with _writing(temp):
-                    raise OSError(failed.errno, os.strerror(failed.errno)) from None
-            if num_read != min(stop, size) - offset:
-                raise self._wrong_size(entry, offset, num_read)
-            offset += num_read
+        try:
+            num_read = self.store.read_into(entry.path, 0, size + 1, str(temp))
+        except FileNotFoundError:
+            url = join_url(self.config.url, entry.path)
+            raise _refused(url, "M7", "no such object (the manifest lists it)") from None
+        except WriteFailed as failed:
+            with _writing(temp):
+                raise OSError(failed.errno, os.strerror(failed.errno)) from None
+        if num_read != size:
+            raise self._wrong_size(entry, 0, num_read)
         if self._durable:
             with _writing(temp):
                 fd = os.open(temp, os.O_RDONLY | os.O_CLOEXEC)

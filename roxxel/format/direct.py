@@ -27,7 +27,14 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from roxxel.format.getter import Getter, GetterGone, NotDirect, get_range, make_pool, write_at
+from roxxel.format.getter import (
+    Getter,
+    GetterGone,
+    NotDirect,
+    get_range,
+    make_pool,
+    stream_into,
+)
 
 __all__ = ["DirectReader", "direct_reader"]
 
@@ -95,9 +102,7 @@ class DirectReader:
                 return getter.get_into(url, start, stop, file, self._timeout)
             except GetterGone:
                 pass
-        data = get_range(self._pool, url, start, stop)
-        write_at(file, data, start)
-        return len(data)
+        return stream_into(self._pool, url, start, stop, file)
 
     def _sign(self, path: str) -> str:
         try:

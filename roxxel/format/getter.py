@@ -14,7 +14,7 @@ stdin and stdout (no pickle): first ``{"threads": n}``, answered by ``{"ready": 
 then requests ``{"id", "url", "start", "stop", "path", "timeout": [connect, read]}``, each
 answered by ``{"id", "num_read"}`` (the bytes written into the existing file ``path`` at
 offset ``start``) or ``{"id", "error": kind, ...}`` with kind ``outage`` (and a
-``message``), ``not_direct`` (and ``lasting``) or ``write`` (and an ``errno``). It prints
+``message``, and the ``num_read`` bytes written before it broke off), ``not_direct`` (and ``lasting``) or ``write`` (and an ``errno``). It prints
 nothing else, and ends when its stdin does (the parent exited, even by ``kill -9``). A
 parent whose process died or never answered reads in its own process instead (`GetterGone`).
 """
@@ -28,12 +28,14 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 __all__ = ["Getter", "GetterGone", "NotDirect", "WriteFailed", "get_range", "what"]
 
 _THREADS = 16  # GETs at once in the process: every cache of the parent shares it
+_PIECE = 4 << 20  # bytes of a range held in memory at once
 
 
 class NotDirect(Exception):
@@ -60,7 +62,11 @@ class GetterGone(Exception):
 
 class Outage(ConnectionError):
     """An outage in this module's own words (no URL in them: a signed URL holds a
-    signature)."""
+    signature); ``num_read``: the bytes of the range delivered before it broke off."""
+
+    def __init__(self, message: str, num_read: int = 0) -> None:
+        super().__init__(message)
+        self.num_read = num_read
 
 
 def make_pool(connect_s: float, read_s: float) -> Any:
@@ -76,8 +82,20 @@ def make_pool(connect_s: float, read_s: float) -> Any:
 
 def get_range(pool: Any, url: str, start: int, stop: int) -> bytearray:
     """Bytes [start, stop) of ``url`` (fewer when the object ends first, none when it ends
+    before ``start``), in one buffer: for small reads (a manifest, a trailer)."""
+    data = bytearray()
+    stream_range(pool, url, start, stop, lambda piece, _: data.extend(piece))
+    return data
+
+
+def stream_range(
+    pool: Any, url: str, start: int, stop: int, sink: Callable[[memoryview, int], None]
+) -> int:
+    """Bytes [start, stop) of ``url`` handed to ``sink(piece, offset)`` in pieces of at most
+    `_PIECE` bytes, in order; how many (fewer when the object ends first, none when it ends
     before ``start``). Raises `Outage` for what a retry may fix (a refused or broken
-    connection, HTTP 5xx or 429) and `NotDirect` for any other answer but data."""
+    connection, HTTP 5xx or 429; its ``num_read``: the bytes the sink took before) and
+    `NotDirect` for any other answer but data."""
     import urllib3
 
     try:
@@ -93,20 +111,23 @@ def get_range(pool: Any, url: str, start: int, stop: int) -> bytearray:
         raise NotDirect from None  # a trust store only the library's own config names
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         raise Outage(what(exc)) from None
+    done = [0]
     try:
-        return _body(response, start, stop)
+        return _body(response, start, stop, sink, done)
     except (urllib3.exceptions.HTTPError, OSError) as exc:  # the body broke off
         response.close()
-        raise Outage(what(exc)) from None
+        raise Outage(what(exc), done[0]) from None
     finally:
         response.release_conn()
 
 
-def _body(response: Any, start: int, stop: int) -> bytearray:
+def _body(
+    response: Any, start: int, stop: int, sink: Callable[[memoryview, int], None], done: list
+) -> int:
     status = response.status
     if status == 416:  # the object ends before start
         response.drain_conn()
-        return bytearray()
+        return 0
     if status >= 500 or status == 429:
         response.drain_conn()
         raise Outage(f"HTTP {status} from the store")
@@ -118,17 +139,26 @@ def _body(response: Any, start: int, stop: int) -> bytearray:
         response.close()
         raise NotDirect
     size = min(int(length), stop - start)
-    data = bytearray(size)
-    view, got = memoryview(data), 0
-    while got < size:
-        num_read = response.readinto(view[got:])
-        if not num_read:
-            response.close()
-            raise Outage(f"the store closed the connection after {got} of {size} bytes")
-        got += num_read
+    buffer = memoryview(bytearray(min(size, _PIECE)))
+    while done[0] < size:
+        piece = buffer[: min(len(buffer), size - done[0])]
+        got = 0
+        try:
+            while got < len(piece):
+                num_read = response.readinto(piece[got:])
+                if not num_read:
+                    response.close()
+                    raise Outage(
+                        f"the store closed the connection after {done[0] + got} of {size} bytes"
+                    )
+                got += num_read
+        finally:  # what arrived counts, also before a break: a retry goes on from there
+            if got:
+                sink(piece[:got], start + done[0])
+                done[0] += got
     if int(length) > size:  # a server that sent the whole object: do not reuse the socket
         response.close()
-    return data
+    return size
 
 
 def what(exc: BaseException) -> str:
@@ -144,14 +174,34 @@ def what(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def write_at(path: str, data: bytes | bytearray, offset: int) -> None:
+def write_at(path: str, data: bytes | bytearray | memoryview, offset: int) -> None:
     """``data`` into the existing file ``path`` from ``offset``; `WriteFailed` if it cannot."""
+    with _opened(path) as fd:
+        _write_at(fd, data, offset)
+
+
+def stream_into(pool: Any, url: str, start: int, stop: int, path: str) -> int:
+    """`stream_range` into the existing file ``path``, each piece at its offset in the
+    object; how many bytes. Raises what `stream_range` and `write_at` raise."""
+    with _opened(path) as fd:
+        return stream_range(pool, url, start, stop, lambda piece, at: _write_at(fd, piece, at))
+
+
+@contextlib.contextmanager
+def _opened(path: str) -> Iterator[int]:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     except OSError as exc:
         raise WriteFailed(exc.errno or 5) from None
     try:
-        view = memoryview(data)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _write_at(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+    view = memoryview(data)
+    try:
         while view:
             num = os.pwrite(fd, view, offset)
             if not num:
@@ -159,8 +209,6 @@ def write_at(path: str, data: bytes | bytearray, offset: int) -> None:
             view, offset = view[num:], offset + num
     except OSError as exc:
         raise WriteFailed(exc.errno or 5) from None
-    finally:
-        os.close(fd)
 
 
 class Getter:
@@ -224,7 +272,7 @@ class Getter:
             raise NotDirect(lasting=bool(answer["lasting"]))
         if kind == "write":
             raise WriteFailed(int(answer["errno"]))
-        raise Outage(str(answer["message"]))
+        raise Outage(str(answer["message"]), int(answer.get("num_read", 0)))
 
     def close(self) -> None:
         """End the process (it ends with its stdin) and wait for it."""
@@ -296,15 +344,17 @@ def _serve() -> None:
             timeout = tuple(request["timeout"])
             with lock:
                 pool = pools.get(timeout) or pools.setdefault(timeout, make_pool(*timeout))
-            start = request["start"]
-            data = get_range(pool, request["url"], start, request["stop"])
-            write_at(request["path"], data, start)
-            answer({"id": key, "num_read": len(data)})
+            num_read = stream_into(
+                pool, request["url"], request["start"], request["stop"], request["path"]
+            )
+            answer({"id": key, "num_read": num_read})
         except NotDirect as exc:
             answer({"id": key, "error": "not_direct", "lasting": exc.lasting})
         except WriteFailed as exc:
             answer({"id": key, "error": "write", "errno": exc.errno})
-        except Exception as exc:  # an outage, or anything unforeseen: retried, then named
+        except Outage as exc:
+            answer({"id": key, "error": "outage", "message": str(exc), "num_read": exc.num_read})
+        except Exception as exc:  # anything unforeseen: retried, then named
             answer({"id": key, "error": "outage", "message": what(exc)})
 
     with ThreadPoolExecutor(int(config["threads"])) as pool_threads:

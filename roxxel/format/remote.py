@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from roxxel.errors import ConfigError, RoxxelError, check_int, without_credentials
 from roxxel.format.direct import DirectReader, direct_reader
-from roxxel.format.getter import NotDirect, WriteFailed, write_at
+from roxxel.format.getter import NotDirect, Outage, WriteFailed, write_at
 
 __all__ = ["FetchPolicy", "RemoteStore", "is_url", "join_url"]
 
@@ -63,7 +63,8 @@ def join_url(url: str, name: str) -> str:
 @dataclass(frozen=True, slots=True)
 class FetchPolicy:
     """How hard a read from the store tries: ``attempts`` tries per request, waiting
-    ``backoff_s * 2**k`` seconds after the k-th failure; ``chunk_bytes`` per ranged read."""
+    ``backoff_s * 2**k`` seconds after the k-th failure; ``chunk_bytes`` per ranged read
+    through fsspec (S3's signed GETs stream a whole shard: `RemoteStore.read_into`)."""
 
     attempts: int = 4
     backoff_s: float = 0.25
@@ -131,23 +132,59 @@ class RemoteStore:
         return self.retry(where, lambda: _cat(fs, path, start, stop))
 
     def read_into(self, name: str, start: int, stop: int, file: str) -> int:
-        """`read`, the bytes written into the existing local ``file`` at offset ``start``
-        (on S3, by the download process where it can: `roxxel.format.direct`); how many.
-        Raises what `read` raises, and `getter.WriteFailed` when the file cannot take them."""
+        """Bytes [start, stop) of object ``name`` written into the existing local ``file``
+        at their offsets; how many (fewer when the object ends first). Through fsspec, one
+        read per ``policy.chunk_bytes`` (the last one up to ``stop``), each retried; on S3's
+        signed GETs (`roxxel.format.direct`), one GET streamed in pieces, by the download
+        process where it can, resumed where a broken one stopped; given up after
+        ``policy.attempts`` tries in a row that moved no byte, or after as many tries as the
+        chunked reads would have had. Raises what `read` raises, and `getter.WriteFailed`
+        when the file cannot take them."""
         fs, root = self.filesystem()
+        path, where = f"{root.rstrip('/')}/{name}", join_url(self.url, name)
         direct = self._direct
-        if direct is None:
-            data = self.read(name, start, stop)
-        else:
-            path, where = f"{root.rstrip('/')}/{name}", join_url(self.url, name)
+        if direct is not None:
             try:
-                return self.retry(where, lambda: direct.read_into(path, start, stop, file))
+                return self._streamed(direct, path, where, start, stop, file)
             except NotDirect as refused:  # the library answers: this read, or from now on
                 if refused.lasting:
                     self._direct = None
-            data = self.retry(where, lambda: _cat(fs, path, start, stop))
-        write_at(file, data, start)
-        return len(data)
+        at, chunk = start, self.policy.chunk_bytes
+        while at < stop:
+            end = stop if stop - at <= chunk + 1 else at + chunk
+            if direct is None:
+                data = self.read(name, at, end)
+            else:  # a signed GET was refused this once: not asked again
+                data = self.retry(where, lambda at=at, end=end: _cat(fs, path, at, end))
+            write_at(file, data, at)
+            if len(data) < end - at:  # the object ended
+                return at + len(data) - start
+            at = end
+        return at - start
+
+    def _streamed(
+        self, direct: DirectReader, path: str, where: str, start: int, stop: int, file: str
+    ) -> int:
+        offset = start
+
+        def attempt() -> int:
+            nonlocal offset
+            try:
+                offset += direct.read_into(path, offset, stop, file)
+            except Outage as broken:  # the bytes before the break are in the file
+                offset += broken.num_read
+                raise
+            return offset - start
+
+        rounds = 1 + (stop - start) // self.policy.chunk_bytes  # the tries of chunked reads
+        for round_ in range(rounds):
+            before = offset
+            try:
+                return self.retry(where, attempt)
+            except ConnectionError:
+                if offset == before or round_ == rounds - 1:  # no byte moved, or tried enough
+                    raise
+        raise AssertionError("unreachable")
 
     def size(self, name: str) -> int:
         """Size in bytes of object ``name`` of the folder."""

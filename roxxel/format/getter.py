@@ -3,7 +3,7 @@
 `get_range` reads bytes [start, stop) of a URL with urllib3's ``readinto`` into one buffer: the
 bytes move in C with the GIL let go. That still takes the GIL back after every socket read, so
 the downloads of a cache and the Loader's batches in one process slow each other down (an
-epoch over a filled cache took 3-5x as long while 8 threads downloaded beside it; with the
+epoch over a filled cache took 5-7x as long while 8 threads downloaded beside it; with the
 downloads in another process, only the CPU is shared: ``benchmarks/README.md``). `Getter` runs
 the same GETs in a process of its own that writes them into the cache's files: the parent
 only waits for the answer.

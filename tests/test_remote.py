@@ -1654,16 +1654,25 @@ def test_issue15_a_forked_child_leaves_the_download_process_to_its_parent(s3, tm
     assert getter.num_answered > before
 
 
-def _direct_store(answers, monkeypatch, attempts: int = 2) -> RemoteStore:
-    """An S3 store whose signed GETs go to the local answering server."""
+def _direct_store(
+    answers, monkeypatch, tmp_path, attempts: int = 2, in_process: bool = True
+) -> tuple[RemoteStore, Path]:
+    """An S3 store whose signed GETs go to the local answering server (from this process,
+    or from the download process), and an empty file to read into."""
     from roxxel.format import direct, remote
 
+    if in_process:
+        monkeypatch.setattr(direct, "_getter", lambda: None)
+    else:
+        _running_getter()
     monkeypatch.setattr(
         remote, "direct_reader", lambda *args: direct.DirectReader(_Signer(answers), {})
     )
     monkeypatch.setattr(remote, "_filesystem", lambda url, options: (object(), "bucket/ds"))
     policy = FetchPolicy(attempts=attempts, backoff_s=0.0, chunk_bytes=4096)
-    return RemoteStore("s3://bucket/ds", {}, policy)
+    file = tmp_path / "part"
+    file.write_bytes(b"")
+    return RemoteStore("s3://bucket/ds", {}, policy), file
 
 
 @pytest.mark.parametrize("in_process", [True, False], ids=["here", "download-process"])
@@ -1672,15 +1681,7 @@ def test_issue15_speed_a_signed_get_reads_a_whole_shard_in_one_request(
 ):
     """Chunks of 8 MiB cost a request each (a 32 MiB shard: 4 in a row, and the server's
     work for each): a signed GET streams the whole object, holding 4 MiB at a time."""
-    from roxxel.format import direct
-
-    if in_process:
-        monkeypatch.setattr(direct, "_getter", lambda: None)
-    else:
-        _running_getter()
-    store = _direct_store(answers, monkeypatch)
-    file = tmp_path / "part"
-    file.write_bytes(b"")
+    store, file = _direct_store(answers, monkeypatch, tmp_path, in_process=in_process)
     assert store.read_into("k", 0, 10_001, str(file)) == 10_000  # 3 chunks of 4096 before
     assert file.read_bytes() == _Answers.body and _Answers.asked == [0]
 
@@ -1689,15 +1690,7 @@ def test_issue15_speed_a_signed_get_reads_a_whole_shard_in_one_request(
 def test_issue15_a_broken_signed_get_goes_on_where_it_stopped(
     answers, tmp_path, monkeypatch, in_process
 ):
-    from roxxel.format import direct
-
-    if in_process:
-        monkeypatch.setattr(direct, "_getter", lambda: None)
-    else:
-        _running_getter()
-    store = _direct_store(answers, monkeypatch)
-    file = tmp_path / "part"
-    file.write_bytes(b"")
+    store, file = _direct_store(answers, monkeypatch, tmp_path, in_process=in_process)
     _Answers.mode = "break-once"
     assert store.read_into("k", 0, 10_001, str(file)) == 10_000
     assert file.read_bytes() == _Answers.body
@@ -1709,12 +1702,7 @@ def test_issue15_a_store_that_keeps_breaking_off_is_given_up_like_chunked_reads(
 ):
     """10 bytes a try: every try moves some, so the tries are bounded by what chunked reads
     had (attempts per 4096 bytes), not by progress alone (a drip would go on for ever)."""
-    from roxxel.format import direct
-
-    monkeypatch.setattr(direct, "_getter", lambda: None)
-    store = _direct_store(answers, monkeypatch, attempts=2)
-    file = tmp_path / "part"
-    file.write_bytes(b"")
+    store, file = _direct_store(answers, monkeypatch, tmp_path, attempts=2)
     _Answers.mode = "short"
     with pytest.raises(ConnectionError, match=r"s3://bucket/ds/k: unreachable after 2 attempts"):
         store.read_into("k", 0, 10_001, str(file))

@@ -397,7 +397,7 @@ def _getter_cpu_s() -> float:
     work counted as this process's: 0 before it starts."""
     from roxxel.format import direct
 
-    return sum(_cpu_s(g.pid) for g in direct._GETTER if g._process.poll() is None)
+    return sum(_cpu_s(g.pid) for g in direct._GETTER if g and g._process.poll() is None)
 
 
 def _touch_free_pages(folder: Path, num_bytes: int) -> None:

@@ -1581,12 +1581,12 @@ def _running_getter():
     """This process's download process, started and ready (a test may have ended one)."""
     from roxxel.format import direct
 
-    getter = direct._getter()
-    if getter is None and direct._GETTER and direct._GETTER[0].gone:
+    if direct._GETTER and (direct._GETTER[0] is None or direct._GETTER[0].gone):
         direct._GETTER.clear()  # one a test killed: start another
-        getter = direct._getter()
-    assert direct._GETTER and direct._GETTER[0].ready.wait(30)
-    return direct._GETTER[0]
+    direct._getter()
+    getter = direct._GETTER[0]
+    assert getter is not None and getter.ready.wait(30)
+    return getter
 
 
 def test_issue15_speed_s3_shards_download_in_a_process_of_their_own(s3, local, tmp_path):
@@ -1734,3 +1734,19 @@ def test_issue15_speed_the_cache_gets_each_s3_shard_in_one_request(s3, tmp_path,
     assert [int(dataset[i]["x"][0]) for i in range(60)] == list(range(60))
     assert all(e.num_bytes > 3 * 4096 for e in dataset.manifest.shards)
     assert sorted(calls) == sorted({*calls}) and len(calls) == dataset.num_shards
+
+
+def test_issue15_a_download_process_that_cannot_start_is_tried_once(monkeypatch):
+    from roxxel.format import direct
+
+    tries = []
+
+    def cannot(*args):
+        tries.append(1)
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(direct, "_GETTER", [])
+    monkeypatch.setattr(direct, "Getter", cannot)
+    assert direct._getter() is None and direct._getter() is None and len(tries) == 1
+    odd = {"config_kwargs": {"read_timeout": "soon"}}  # botocore names it, not this path
+    assert direct.direct_reader("s3", object(), odd) is None

@@ -4,7 +4,7 @@ s3fs reads a body through its asyncio event loop, a few dozen KiB at a time in P
 holds the GIL for most of that (about 2 ns a byte here): in a process that also runs the
 Loader, downloads and batches take turns on one core. A signed URL (the store's own
 ``sign``: botocore's presigned GET, the same credentials, endpoint and region) read with
-urllib3's ``readinto`` into one buffer copies the bytes in C with the GIL released, at about
+urllib3's ``readinto`` in 4 MiB pieces copies the bytes in C with the GIL released, at about
 a third of the CPU (``benchmarks/README.md``). A shard's download goes further: once this
 process's download process is ready (`getter.Getter`, started by the first download), it
 GETs the URL and writes the bytes into the cache's file itself, so they never take this
@@ -111,7 +111,7 @@ class DirectReader:
             raise NotDirect from None
 
 
-_GETTER: list[Getter] = []  # the download process of this process, once started
+_GETTER: list[Getter | None] = []  # this process's download process (None: none could start)
 _GETTER_LOCK = threading.Lock()
 
 
@@ -122,10 +122,10 @@ def _getter() -> Getter | None:
         if not _GETTER:
             try:
                 _GETTER.append(Getter())
-            except OSError:  # no process to start here: every GET in this process
-                return None
+            except OSError:  # no process to start here: every GET in this one, not asked again
+                _GETTER.append(None)
         getter = _GETTER[0]
-    return getter if getter.ready.is_set() and not getter.gone else None
+    return getter if getter is not None and getter.ready.is_set() and not getter.gone else None
 
 
 def _forget_getter() -> None:
@@ -133,7 +133,8 @@ def _forget_getter() -> None:
     global _GETTER_LOCK
     _GETTER_LOCK = threading.Lock()
     for getter in _GETTER:
-        getter.forget()
+        if getter is not None:
+            getter.forget()
     _GETTER.clear()
 
 
@@ -157,5 +158,5 @@ def direct_reader(protocol: str, fs: Any, options: Mapping[str, Any]) -> DirectR
         return None
     try:
         return DirectReader(fs, options)
-    except ImportError:  # urllib3 comes with botocore: only a broken install lacks it
+    except (ImportError, TypeError, ValueError):  # no urllib3 (a broken install), odd timeouts
         return None

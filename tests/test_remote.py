@@ -824,7 +824,7 @@ def test_issue15_speed_an_in_order_read_keeps_every_download_busy(tmp_path, monk
         with lock:
             running[0] += 1
             most[0] = max(most[0], running[0])
-        time.sleep(0.02)  # a download takes a while: the loader waits for shards
+        time.sleep(0.05)  # a download takes a while: the loader waits for shards
         with lock:
             running[0] -= 1
         return read(name, start, stop)
@@ -833,7 +833,7 @@ def test_issue15_speed_an_in_order_read_keeps_every_download_busy(tmp_path, monk
     with Loader(dataset, 2, shuffle=False, config=LoaderConfig(fields=("label",))) as loader:
         labels = [int(x) for batch in loader for x in batch["label"]]
     assert labels == list(range(len(dataset)))
-    assert most[0] >= 7  # of max_fetches=8
+    assert most[0] >= 6  # of max_fetches=8 (3 at 32 x readahead)
     cache.close()
 
 

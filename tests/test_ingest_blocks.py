@@ -117,7 +117,7 @@ def test_a_schema_other_than_the_arrays_fields_gets_the_record_path_errors(tmp_p
 
 def test_block_take_and_records_split_variable_columns():
     piece = Piece("x.bin", "megatron", 10, 14, 0)
-    block = Block(piece, 10, {"t": np.arange(6)}, {"t": np.array([2, 0, 3, 1])})
+    block = Block(piece, 10, 4, {"t": np.arange(6)}, {"t": np.array([2, 0, 3, 1])})
     assert block.num == 4
     assert [(r["t"].tolist(), k) for r, k in block.records()] == [
         ([0, 1], 10),

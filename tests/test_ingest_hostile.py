@@ -531,3 +531,17 @@ def test_issue12_an_empty_nested_list_into_a_token_field_is_a_clear_error(tmp_pa
         code = cli_main(["pack", str(source), "-o", str(tmp_path / "out"), "--field", "x:int32[]"])
     assert code == 1 and err.getvalue().count("\n") == 1, err.getvalue()
     assert "in.jsonl" in err.getvalue()
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".arrow"])
+def test_issue14_a_table_without_the_asked_column_is_one_line_naming_file_and_row(
+    tmp_path, capsys, suffix
+):
+    """A Parquet or Arrow input without the one column a pack reads (`--field nope:int64`)
+    raised `RuntimeError: generator raised StopIteration` with a traceback: the block of
+    no columns could not say how many rows it held."""
+    src = write_table(pa.table({"body": [1, 2, 3]}), tmp_path / f"c{suffix}")
+    assert _run("pack", src, "-o", tmp_path / "ds", "--field", "nope:int64") == 1
+    err = _one_line_error(capsys)
+    assert str(src) in err and "row 0" in err and "'nope'" in err
+    assert not (tmp_path / "ds" / "manifest.json").exists()

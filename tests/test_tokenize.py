@@ -790,3 +790,20 @@ def test_a_special_id_past_the_vocabulary_is_kept_with_a_note(toks, tmp_path, ca
     assert 70000 in (ds[0]["tokens"][-1], ds[0]["tokens"][0])
     assert main([*argv, "--overwrite", "-q"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_issue14_a_parquet_without_the_text_column_is_one_line_naming_file_and_row(
+    toks, tmp_path, capsys
+):
+    """`--text-field nope` on a Parquet file with no such column was a StopIteration
+    traceback (only the text column is read, so its blocks had no columns at all); from
+    Python a bare RuntimeError, not a RoxxelError."""
+    src = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"body": ["a b", "c"]}), src)
+    argv = [src, "-o", tmp_path / "ds", "--tokenizer", toks["hf"], "--text-field", "nope"]
+    assert _pack(*argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert str(src) in err and "row 0" in err and "'nope'" in err
+    with pytest.raises(roxxel.RoxxelError, match=r"c\.parquet.*row 0.*'nope'"):
+        roxxel.pack(src, tmp_path / "py", tokenizer=toks["hf"], text_field="nope")

@@ -206,7 +206,7 @@ def _batch_block(pa: ModuleType, batch: Any, piece: Piece, first: int) -> Block:
             columns[name], lengths[name] = nested
         else:
             columns[name] = _column(pa, col, f"{piece.path}: field {name!r}")
-    return Block(piece, first, columns, lengths)
+    return Block(piece, first, batch.num_rows, columns, lengths)
 
 
 def _is_list(pa: ModuleType, t: Any) -> bool:

@@ -202,7 +202,7 @@ def read_megatron_blocks(piece: Piece, opts: ReadOptions, bad: BadRecords) -> It
                 values = np.concatenate(
                     [tokens[a : a + n] for a, n in zip(firsts, lens.tolist(), strict=True)]
                 )
-            yield Block(piece, piece.start + at, {name: values}, {name: lens})
+            yield Block(piece, piece.start + at, len(lens), {name: values}, {name: lens})
             at = stop
 
 

@@ -102,13 +102,14 @@ def read_npy_blocks(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterato
     if not array.flags.c_contiguous or not row_bytes or not isinstance(array, np.memmap):
         rows = array.view(np.ndarray)
         for start in range(piece.start, piece.stop, step):
-            yield Block(piece, start, {name: rows[start : min(start + step, piece.stop)]})
+            stop = min(start + step, piece.stop)
+            yield Block(piece, start, stop - start, {name: rows[start:stop]})
         return
     with RangeReader(piece.path) as reader:
         for start in range(piece.start, piece.stop, step):
             shape = (min(step, piece.stop - start), *array.shape[1:])
             rows = reader.read(array.offset + start * row_bytes, array.dtype, shape)
-            yield Block(piece, start, {name: rows})
+            yield Block(piece, start, len(rows), {name: rows})
 
 
 def npz_pieces(path: str, unit_bytes: int) -> list[Piece]:
@@ -231,7 +232,7 @@ def read_npz_blocks(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterato
             streams = [_member_rows(archive, m, step) for m in members]
             for first in range(0, members[0].shape[0], step):
                 columns = {m.name: next(s) for m, s in zip(members, streams, strict=True)}
-                yield Block(piece, first, columns)
+                yield Block(piece, first, len(columns[members[0].name]), columns)
     except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
         raise _bad_npz(piece.path, e) from None
 

@@ -68,8 +68,9 @@ class Piece:
 class Block:
     """Consecutive records of one piece of an array input, as whole columns.
 
-    ``columns[name]`` holds the records' values back to back: one row per record, or for a
-    variable-length value ``lengths[name][i]`` rows for record i. A column the input cannot
+    ``num`` records, whose ``columns[name]`` holds the values back to back: one row per
+    record, or for a variable-length value ``lengths[name][i]`` rows for record i (a table
+    input read for columns it does not have gives a block of none). A column the input cannot
     give as one array (strings, say) is a list with one value per record. ``first`` is the key (row,
     sequence) of the first record. A packer writes a block with one call where a record
     at a time would cost a Python loop per record. A reader may reuse a block's memory for
@@ -78,13 +79,9 @@ class Block:
 
     piece: Piece
     first: int
+    num: int
     columns: dict[str, Any]
     lengths: dict[str, np.ndarray] = field(default_factory=dict)
-
-    @property
-    def num(self) -> int:
-        name, values = next(iter(self.columns.items()))
-        return len(self.lengths[name]) if name in self.lengths else len(values)
 
     def take(self, start: int, stop: int) -> Block:
         """Records [start, stop) of this block (views, no copy)."""
@@ -96,7 +93,7 @@ class Block:
             else:
                 columns[name] = values[start:stop]
         lengths = {name: n[start:stop] for name, n in self.lengths.items()}
-        return Block(self.piece, self.first + start, columns, lengths)
+        return Block(self.piece, self.first + start, stop - start, columns, lengths)
 
     def records(self) -> Iterator[tuple[Record, int]]:
         """Each record as ``{field: value}`` with its key, as a record reader yields them."""

@@ -545,3 +545,22 @@ def test_issue14_a_table_without_the_asked_column_is_one_line_naming_file_and_ro
     err = _one_line_error(capsys)
     assert str(src) in err and "row 0" in err and "'nope'" in err
     assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
+def test_issue14_dictionary_encoded_columns_pack_as_their_values(tmp_path):
+    """pandas saves a categorical column dictionary-encoded; such a string or integer
+    column was refused ("Arrow type dictionary<...>") where its plain twin packs."""
+    table = pa.table(
+        {
+            "text": pa.array(["a", "b", "a", "c"]).dictionary_encode(),
+            "label": pa.array([3, 1, 3, 2], pa.int16()).dictionary_encode(),
+        }
+    )
+    for suffix in (".parquet", ".arrow"):
+        src = write_table(table, tmp_path / f"c{suffix}")
+        out = tmp_path / f"ds{suffix}"
+        assert _run("pack", src, "-o", out) == 0
+        ds = roxxel.open_dataset(out)
+        assert [ds[i]["label"].item() for i in range(4)] == [3, 1, 3, 2]
+        assert ds[3]["label"].dtype == np.int16
+        assert [ds[i]["text"] for i in range(4)] == ["a", "b", "a", "c"]

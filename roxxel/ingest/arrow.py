@@ -146,7 +146,13 @@ def _batch_blocks(
 ) -> Iterator[Block]:
     """A record batch as blocks: one, or with ``opts.skip_bad`` one per run of rows
     without a null (each skipped row counted in ``bad``). Raises ConfigError naming the
-    file, field and row of the first null otherwise."""
+    file, field and row of the first null otherwise. Dictionary-encoded columns (a pandas
+    categorical) are read as their values."""
+    if any(pa.types.is_dictionary(t) for t in batch.schema.types):
+        batch = pa.RecordBatch.from_arrays(
+            [c.dictionary_decode() if pa.types.is_dictionary(c.type) else c for c in batch.columns],
+            names=batch.schema.names,
+        )
     names, columns = batch.schema.names, batch.columns
     nulls = {name: _null_rows(pa, col) for name, col in zip(names, columns, strict=True)}
     nulls = {name: rows for name, rows in nulls.items() if rows is not None}
@@ -309,6 +315,8 @@ def _spec(pa: ModuleType, t: Any) -> str | None:
     ``T[k1,k2]``, list<fixed_size_list<T, k>> -> ``T[,k]``.
     """
     types = pa.types
+    if types.is_dictionary(t):
+        t = t.value_type
     if types.is_string(t) or types.is_large_string(t):
         return "str"
     if types.is_binary(t) or types.is_large_binary(t):

@@ -604,6 +604,8 @@ def test_read_ahead_runs_only_while_reads_miss_the_page_cache(dataset, monkeypat
     ticks = iter(range(10**6))
     faults = (lambda: next(ticks)) if cold else (lambda: 0)
     monkeypatch.setattr(roxxel.loader.loader, "_major_faults", faults)
+    # caches of datasets at a URL that earlier tests of this process left: not this loader's
+    monkeypatch.setattr(roxxel.loader.loader, "num_missing", lambda: 0)
     spy = _AdviceSpy(roxxel.Records(dataset, fields=["label", "image"]))
     loader = Loader(spy, 4, config=LoaderConfig(num_epochs=None, readahead=2))
     for step in range(20):  # the assembler alone: no thread, so the count is exact

@@ -1425,7 +1425,7 @@ def test_issue15_speed_s3_shards_are_read_through_signed_gets_not_s3fs(s3, local
 def test_issue15_options_a_signed_get_could_read_differently_go_through_s3fs(options):
     from roxxel.format.direct import direct_reader
 
-    assert direct_reader("s3", object(), {"endpoint_url": "http://h"}) is not None
+    assert direct_reader("s3", _Signer(1), {"endpoint_url": "http://h"}) is not None
     assert direct_reader("s3", object(), {"endpoint_url": "http://h", **options}) is None
     assert direct_reader("gs", object(), {}) is None and direct_reader("file", object(), {}) is None
 
@@ -1476,7 +1476,10 @@ class _Answers(BaseHTTPRequestHandler):
 
 
 class _Signer:
-    """Stands in for s3fs's ``sign``: a URL with a signature, on the local server."""
+    """Stands in for s3fs's ``sign``: a URL with a signature, on the local server (and its
+    timeouts, s3fs's defaults)."""
+
+    connect_timeout, read_timeout = 5, 15
 
     def __init__(self, port: int) -> None:
         self.port = port
@@ -1749,4 +1752,4 @@ def test_issue15_a_download_process_that_cannot_start_is_tried_once(monkeypatch)
     monkeypatch.setattr(direct, "Getter", cannot)
     assert direct._getter() is None and direct._getter() is None and len(tries) == 1
     odd = {"config_kwargs": {"read_timeout": "soon"}}  # botocore names it, not this path
-    assert direct.direct_reader("s3", object(), odd) is None
+    assert direct.direct_reader("s3", _Signer(1), odd) is None

@@ -13,14 +13,15 @@ import argparse
 import os
 import secrets
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from roxxel.cli.args import storage_options
 from roxxel.errors import ConfigError, FormatError
-from roxxel.format.cache import CacheConfig, ShardCache
+from roxxel.format.cache import CacheConfig, ShardCache, stoppable_waits
 from roxxel.format.dataset import open_dataset
-from roxxel.format.manifest import MANIFEST_NAME, Manifest
+from roxxel.format.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from roxxel.format.reader import Shard
 from roxxel.format.remote import is_url
 
@@ -60,7 +61,10 @@ def cmd_pull(args: argparse.Namespace) -> int:
         raise ConfigError(f"--workers: {args.workers} (expected >= 1)")
     options = storage_options(args.storage_options)
     folder = Path(args.dir)
-    folder.mkdir(parents=True, exist_ok=True)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(
+            f"DIR: {args.dir!r} is not a folder (expected a local folder to pull into)"
+        )
     config = CacheConfig(args.url, folder, options, max_fetches=args.workers)
     cache = ShardCache(config, folder=folder)
     manifest = cache.read_manifest()
@@ -108,11 +112,19 @@ def _drop_damaged(cache: ShardCache, manifest: Manifest) -> None:
 
 
 def _fetch_all(cache: ShardCache, manifest: Manifest, workers: int, progress: bool) -> int:
-    """Fetch every shard, ``workers`` at a time; returns how many were downloaded."""
+    """Fetch every shard, ``workers`` at a time; returns how many were downloaded. The first
+    failure ends the pull: no queued fetch starts, the running ones end (what is fetched
+    stays for a rerun); Ctrl-C ends it at once, not waiting for them (`stoppable_waits`)."""
     total = sum(e.num_bytes for e in manifest.shards)
     done_bytes = 0
+    stop = threading.Event()
+
+    def fetch(entry: ShardEntry) -> Path:
+        with stoppable_waits(stop):
+            return cache.fetch(entry)
+
     with ThreadPoolExecutor(workers, "roxxel-pull") as pool:
-        jobs = {pool.submit(cache.fetch, e): e for e in manifest.shards}
+        jobs = {pool.submit(fetch, e): e for e in manifest.shards}
         try:
             for done, job in enumerate(as_completed(jobs), 1):
                 job.result()
@@ -122,8 +134,12 @@ def _fetch_all(cache: ShardCache, manifest: Manifest, workers: int, progress: bo
                         f"roxxel pull: {done}/{len(jobs)} shards, {done_bytes}/{total} bytes",
                         file=sys.stderr,
                     )
-        except BaseException:  # the first failure ends the pull: no queued fetch starts (what
-            pool.shutdown(cancel_futures=True)  # is fetched stays for a rerun)
+        except KeyboardInterrupt:  # Ctrl-C: the downloads that run are not waited for
+            stop.set()
+            pool.shutdown(cancel_futures=True)
+            raise
+        except BaseException:  # the first failure: no queued fetch starts, running ones end
+            pool.shutdown(cancel_futures=True)
             raise
     cache.remove_lock_files(manifest.shards)  # no fetch runs now: they have done their work
     return cache.num_fetched

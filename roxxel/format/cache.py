@@ -27,12 +27,16 @@ rather than evict one. A file left by a fetcher killed mid-way is
 ``.<name>.part``, never a shard; the next fetch of that shard (under the same lock) writes
 over it, so no fetch lists the folder.
 
-Within a process: at most ``max_fetches`` downloads run at once (daemon threads for
-`prefetch`: a download in flight never holds up the interpreter's exit); a shard wanted now
-that is still queued is fetched at once by the caller. A download is one ranged read per
-``chunk_bytes`` through fsspec, one streamed GET on S3's signed URLs (`RemoteStore.read_into`);
-no size request first: the last read asks for one byte past the entry's end, so an object
-longer or shorter than the manifest says shows in the reads. `num_missing` and
+Within a process: at most ``max_fetches`` downloads run at once for `prefetch`, and a
+shard wanted now that is still queued is fetched at once, beside them. Every download runs in
+a daemon thread and its callers only wait for it, so a download in flight never holds up the
+interpreter's exit, and a caller can stop waiting: in `stoppable_waits`, a wait ends with
+`FetchStopped` once the scope's event is set (a Loader closed, a pull stopped by Ctrl-C). The
+download left behind goes on until it ends (its read timeouts bound it) or the process does;
+either way only a shard that passed every check is published. A download is one ranged
+read per ``chunk_bytes`` through fsspec, one streamed GET on S3's signed URLs
+(`RemoteStore.read_into`); no size request first: the last read asks for one byte past the
+entry's end, so an object longer or shorter than the manifest says shows in the reads. `num_missing` and
 `num_queued` tell the Loader whether shards are still to be fetched and how many fetches wait,
 so it reads ahead for the cache independently of page faults.
 """
@@ -54,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from roxxel.errors import ConfigError, FormatError, RoxxelError, check_int, without_credentials
+from roxxel.errors import ConfigError, FormatError, check_int, without_credentials
 from roxxel.format.column import WHY
 from roxxel.format.getter import WriteFailed
 from roxxel.format.manifest import (
@@ -68,7 +72,15 @@ from roxxel.format.manifest import (
 from roxxel.format.reader import Shard, read_trailer
 from roxxel.format.remote import FetchPolicy, RemoteStore, join_url
 
-__all__ = ["CacheConfig", "ShardCache", "default_cache_dir", "num_missing", "num_queued"]
+__all__ = [
+    "CacheConfig",
+    "FetchStopped",
+    "ShardCache",
+    "default_cache_dir",
+    "num_missing",
+    "num_queued",
+    "stoppable_waits",
+]
 
 _PART = ".part"
 _NAME_MAX_BYTES = 255  # a file name's limit on Linux file systems
@@ -76,6 +88,42 @@ _NAME_MAX_BYTES = 255  # a file name's limit on Linux file systems
 # `num_queued` can count their waiting fetches; guarded by _COUNTS_LOCK.
 _OPEN: weakref.WeakSet[ShardCache] = weakref.WeakSet()
 _COUNTS_LOCK = threading.Lock()
+_Fetched = tuple[Path, int | None]  # a fetch's path, and a descriptor holding it if asked
+_POLL_S = 0.05  # how often a stoppable wait looks at its scope's event
+
+
+class FetchStopped(Exception):
+    """A wait for a download ended because the scope it ran in was stopped
+    (`stoppable_waits`); the download goes on in its own thread."""
+
+
+class _Scope(threading.local):
+    stop: threading.Event | None = None  # this thread's `stoppable_waits` event, if any
+
+
+_SCOPE = _Scope()
+
+
+@contextlib.contextmanager
+def stoppable_waits(stop: threading.Event) -> Iterator[None]:
+    """Within, this thread's waits for a download (`ShardCache.fetch`, `fetch_held`) raise
+    `FetchStopped` once ``stop`` is set, within about 50 ms, instead of waiting for the
+    download to end (up to ``attempts`` read timeouts of a store that stopped answering)."""
+    outer, _SCOPE.stop = _SCOPE.stop, stop
+    try:
+        yield
+    finally:
+        _SCOPE.stop = outer
+
+
+def _result(future: Future[_Fetched]) -> _Fetched:
+    """``future.result()``, or `FetchStopped` once this thread's scope is stopped."""
+    stop = _SCOPE.stop
+    while stop is not None and not future.done():
+        if stop.is_set():
+            raise FetchStopped
+        futures.wait([future], timeout=_POLL_S)
+    return future.result()
 
 
 def num_missing() -> int:
@@ -166,8 +214,10 @@ class ShardCache:
         self._turn = threading.Condition(self._lock)
         # the shards of the first `prefetch` (a loader's first step): later ones wait for them
         self._first: set[str] | None = None
-        self._inflight: dict[str, Future[Path]] = {}
-        self._queue: queue.SimpleQueue[tuple[ShardEntry, Future[Path]] | None] = queue.SimpleQueue()
+        self._inflight: dict[str, Future[_Fetched]] = {}
+        self._queue: queue.SimpleQueue[tuple[ShardEntry, Future[_Fetched]] | None] = (
+            queue.SimpleQueue()
+        )
         self._threads: list[threading.Thread] = []
         self._published: set[str] = set()  # names this object saw published: fetch returns
         # published by a prefetch and not read since: a descriptor holding each (evict)
@@ -214,11 +264,9 @@ class ShardCache:
             if entry.path in self._published:
                 return self.folder / entry.path
         while True:
-            mine, future = self._claim(entry.path)
-            if mine:
-                return self._run(entry, future)[0]
+            _, future = self._claim(entry)
             try:
-                return future.result()
+                return _result(future)[0]
             except (CancelledError, _NoRoom):  # taken over, or a prefetch gave way: again
                 continue
 
@@ -233,28 +281,37 @@ class ShardCache:
                 known = entry.path in self._published
             if known and (held := self.hold(entry)) is not None:
                 return path, held
-            mine, future = self._claim(entry.path)
-            if mine:
-                _, held = self._run(entry, future, hold=True)
-                assert held is not None
-                return path, held
+            mine, future = self._claim(entry, hold=True)
             try:
-                future.result()
+                _, held = _result(future)
             except (CancelledError, _NoRoom):  # taken over, or a prefetch gave way: again
                 continue
+            except BaseException:  # stopped (or Ctrl-C): a hold taken for this call is let go
+                if mine:
+                    future.add_done_callback(_let_go_held)
+                raise
+            if mine and held is not None:
+                return path, held
             if (held := self.hold(entry)) is not None:
                 return path, held
 
-    def _claim(self, name: str) -> tuple[bool, Future[Path]]:
-        """(True, a new running future) when this caller is to fetch ``name``, taking over a
-        prefetch still queued; else (False, the fetch already running)."""
+    def _claim(self, entry: ShardEntry, hold: bool = False) -> tuple[bool, Future[_Fetched]]:
+        """(True, a new future) when no fetch of ``entry`` runs: a thread of its own now
+        fetches it for this caller (taking over a prefetch still queued; with ``hold``, the
+        shard held for this caller); else (False, the fetch already running)."""
         with self._lock:
-            future = self._inflight.get(name)
+            future = self._inflight.get(entry.path)
             if future is not None and not future.cancel():
                 return False, future
-            future = self._inflight[name] = Future()
+            future = self._inflight[entry.path] = Future()
             future.set_running_or_notify_cancel()
-            return True, future
+        try:
+            threading.Thread(
+                target=self._run, args=(entry, future, hold), name="roxxel-fetch-now", daemon=True
+            ).start()
+        except RuntimeError:  # no thread to be had: fetched in this one
+            self._run(entry, future, hold)
+        return True, future
 
     def prefetch(self, entries: Iterable[ShardEntry]) -> None:
         """Queue fetches of these shards (at most ``max_fetches`` at once); returns at once.
@@ -270,7 +327,7 @@ class ShardCache:
             for entry in entries:
                 if entry.path in self._inflight or entry.path in self._published:
                     continue
-                future: Future[Path] = Future()
+                future: Future[_Fetched] = Future()
                 self._inflight[entry.path] = future
                 self._queue.put((entry, future))
                 queued.append(entry.path)
@@ -422,36 +479,37 @@ class ShardCache:
             thread.start()
         weakref.finalize(self, _stop_threads, jobs, num)
 
-    def _queued(self, entry: ShardEntry, future: Future[Path]) -> None:
+    def _queued(self, entry: ShardEntry, future: Future[_Fetched]) -> None:
         with self._turn:
             while self._first and entry.path not in self._first:
                 self._turn.wait()
-        if not future.set_running_or_notify_cancel():
-            return  # a caller took it over, or `close` cancelled it
-        # dropped: the fetch that needs this shard raises it (see prefetch)
-        with contextlib.suppress(RoxxelError, OSError, _NoRoom):
-            self._run(entry, future, ahead=True)
+        if future.set_running_or_notify_cancel():  # else a caller took it over, or `close`
+            self._run(entry, future, ahead=True)  # a failure is dropped unless waited for
 
     def _run(
-        self, entry: ShardEntry, future: Future[Path], hold: bool = False, ahead: bool = False
-    ) -> tuple[Path, int | None]:
+        self, entry: ShardEntry, future: Future[_Fetched], hold: bool = False, ahead: bool = False
+    ) -> None:
+        """Fetch ``entry`` and settle ``future`` with what it got or raised (never raises:
+        whoever waits for the future gets the error)."""
         try:
-            path, held = self._fetch_once(entry, hold, ahead)
+            fetched = self._fetch_once(entry, hold, ahead)
         except BaseException as exc:
+            self._settled(entry, future, published=False)
             future.set_exception(exc)
-            raise
-        finally:
-            with self._lock:
-                if self._inflight.get(entry.path) is future:
-                    del self._inflight[entry.path]
-                if self._first:
-                    self._first.discard(entry.path)
-                    if not self._first:
-                        self._turn.notify_all()
+            return
+        self._settled(entry, future, published=True)
+        future.set_result(fetched)
+
+    def _settled(self, entry: ShardEntry, future: Future[_Fetched], published: bool) -> None:
         with self._lock:
-            self._published.add(entry.path)
-        future.set_result(path)
-        return path, held
+            if self._inflight.get(entry.path) is future:
+                del self._inflight[entry.path]
+            if published:
+                self._published.add(entry.path)
+            if self._first:
+                self._first.discard(entry.path)
+                if not self._first:
+                    self._turn.notify_all()
 
     def _fetch_once(
         self, entry: ShardEntry, hold: bool = False, ahead: bool = False
@@ -574,6 +632,14 @@ def _fetch_loop(ref: weakref.ref[ShardCache], jobs: queue.SimpleQueue[Any]) -> N
             return
         cache._queued(*item)
         del cache
+
+
+def _let_go_held(future: Future[_Fetched]) -> None:
+    """The hold a fetch took for a caller that stopped waiting (`fetch_held`)."""
+    if not future.cancelled() and future.exception() is None:
+        held = future.result()[1]
+        if held is not None:
+            os.close(held)
 
 
 def _stop_threads(jobs: queue.SimpleQueue[Any], num: int) -> None:

@@ -70,7 +70,6 @@ _CONFIG_KWARGS = {
 }
 _PROXY = re.compile(r"^(https?|all)_proxy$", re.IGNORECASE)
 _SIGNED_FOR_S = 3600
-_TIMEOUT_S = 60.0  # botocore's default connect and read timeouts
 
 
 class DirectReader:
@@ -79,9 +78,9 @@ class DirectReader:
 
     def __init__(self, fs: Any, options: Mapping[str, Any]) -> None:
         config = options.get("config_kwargs") or {}
-        self._timeout = (
-            float(config.get("connect_timeout", _TIMEOUT_S)),
-            float(config.get("read_timeout", _TIMEOUT_S)),
+        self._timeout = (  # s3fs's own: its defaults (5 s, 15 s) unless the options say
+            float(config.get("connect_timeout", fs.connect_timeout)),
+            float(config.get("read_timeout", fs.read_timeout)),
         )
         self._fs = fs
         self._pool = make_pool(*self._timeout)

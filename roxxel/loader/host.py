@@ -28,6 +28,7 @@ from typing import Any, Literal, cast
 import numpy as np
 
 from roxxel.errors import ConfigError
+from roxxel.format.cache import stoppable_waits
 from roxxel.loader.pinned import PAGE_BYTES, Registrar
 
 __all__ = [
@@ -203,7 +204,8 @@ class Prefetcher:
 
     Thread-safety: one consumer thread. ``close`` is idempotent and joins the threads; they
     hold no reference to whoever owns the Prefetcher, so owners can close it from
-    ``__del__``.
+    ``__del__``. A job waiting for a shard's download stops waiting on ``close``
+    (`roxxel.format.cache.stoppable_waits`): a close never waits on the network.
     """
 
     def __init__(
@@ -319,24 +321,30 @@ class Prefetcher:
     def _run(self, step: int, index: int) -> None:
         out, every = self._stripes[index], len(self._stripes)
         try:
-            while not self._stop.is_set():
-                job = self._begin_in_turn(step)
-                if job is None:
-                    break
-                item = job()
-                del job
-                began = time.perf_counter()
-                self._put(out, (step, item))
-                if self._queue is None:
-                    self._counted(began)
-                del item
-                step += every
+            with stoppable_waits(self._stop):  # close does not wait for a shard's download
+                self._produce(step, out, every)
             self._put(out, _END)
         except BaseException as error:  # handed to the consumer at its step, never dropped
             with self._turn:
                 self._over = True  # the other producers stop at their next turn
                 self._turn.notify_all()
             self._put(out, _Failure(error))
+
+    def _produce(self, step: int, out: queue.Queue, every: int) -> None:
+        """Make this producer's items, ``every`` steps apart from ``step``, until the end or
+        a stop."""
+        while not self._stop.is_set():
+            job = self._begin_in_turn(step)
+            if job is None:
+                return
+            item = job()
+            del job
+            began = time.perf_counter()
+            self._put(out, (step, item))
+            if self._queue is None:
+                self._counted(began)
+            del item
+            step += every
 
     def _begin_in_turn(self, step: int) -> Callable[[], object] | None:
         """``begin(step)`` once ``begin(step - 1)`` returned; None at the end or on stop."""

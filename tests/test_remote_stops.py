@@ -1,0 +1,212 @@
+"""Stopping while a download is in flight (issue 15): Ctrl-C and ``Loader.close`` do not wait
+for it, and a store that accepts connections and never answers fails after s3fs's timeouts.
+
+A download that nobody waits for any more is abandoned, not joined: it ends in its own thread
+(or with the process) and never publishes a shard that was not checked. Servers here listen
+on 127.0.0.1: a small HTTP server that answers ranged GETs from a local folder the way S3
+answers a signed URL, holding back the shards' bodies while the test says so.
+"""
+
+from __future__ import annotations
+
+import _thread
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import roxxel
+from roxxel.format.manifest import MANIFEST_NAME
+from roxxel.format.remote import FetchPolicy, RemoteStore
+
+pytest.importorskip("fsspec")
+
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+NUM_RECORDS = 200
+HELD_S = 60  # how long a held-back body waits at most (the test ends long before)
+
+
+def _write(path: Path) -> Path:
+    with roxxel.DatasetWriter(path, {"tokens": "int32[]"}, shard_bytes=1 << 12) as writer:
+        for i in range(NUM_RECORDS):
+            writer.write({"tokens": np.arange(i % 17, dtype=np.int32) + i})
+    return path
+
+
+@pytest.fixture
+def local(tmp_path) -> Path:
+    return _write(tmp_path / "bucket" / "ds")
+
+
+# --- Loader.close and Ctrl-C in Python --------------------------------------------------------
+
+
+def test_issue15_ctrl_c_while_the_loader_waits_for_a_download_stops_at_once(
+    local, tmp_path, monkeypatch
+):
+    """The pipeline thread waits for the download of its batch's shard; Ctrl-C closes the
+    loader (``with``), and the close returns while that download still hangs (it took 4 read
+    timeouts before: minutes)."""
+    from roxxel.loader.loader import Loader, LoaderConfig
+
+    started, release, finished = threading.Event(), threading.Event(), threading.Event()
+    original = RemoteStore.read_into
+
+    def stalled(self, *args):
+        if threading.current_thread() is not threading.main_thread():
+            started.set()
+            release.wait(HELD_S)
+        try:
+            return original(self, *args)
+        finally:
+            finished.set()
+
+    monkeypatch.setattr(RemoteStore, "read_into", stalled)
+    dataset = roxxel.open_dataset(f"file://{local}", cache_dir=tmp_path / "cache")
+    config = LoaderConfig(max_len={"tokens": 32})
+    ctrl_c = threading.Thread(target=lambda: started.wait(HELD_S) and _thread.interrupt_main())
+    ctrl_c.start()
+    try:
+        with pytest.raises(KeyboardInterrupt), Loader(dataset, 8, config=config) as loader:
+            next(iter(loader))
+        assert started.is_set() and not finished.is_set()  # closed while the download hangs
+    finally:
+        release.set()
+        ctrl_c.join()
+    assert loader._prefetcher is None  # closed: its threads joined
+    monkeypatch.setattr(RemoteStore, "read_into", original)
+    expected = [list(range(i, i + i % 17)) for i in range(NUM_RECORDS)]
+    assert [dataset[i]["tokens"].tolist() for i in range(NUM_RECORDS)] == expected
+
+
+# --- roxxel pull: Ctrl-C, and a store that never answers ------------------------------------
+
+
+class _Bucket(SimpleHTTPRequestHandler):
+    """Ranged GETs of the files under its ``directory`` (``/<bucket>/<key>?<signature>``, as
+    a signed S3 URL reads); a shard's body waits for ``release`` (the manifest's does not)."""
+
+    protocol_version = "HTTP/1.1"
+    release = threading.Event()
+    asked = threading.Event()
+
+    def do_GET(self) -> None:
+        path = Path(self.translate_path(self.path.split("?", 1)[0]))
+        if not path.is_file():
+            self.send_error(404)
+            return
+        data = path.read_bytes()
+        first, _, last = self.headers["Range"].removeprefix("bytes=").partition("-")
+        data = data[int(first) : int(last) + 1]
+        if path.name != MANIFEST_NAME:
+            _Bucket.asked.set()
+            if not _Bucket.release.wait(HELD_S):
+                return
+        self.send_response(206)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet."""
+
+
+@pytest.fixture
+def bucket(local) -> Iterator[int]:
+    pytest.importorskip("s3fs")
+    _Bucket.release, _Bucket.asked = threading.Event(), threading.Event()
+    server = ThreadingHTTPServer(
+        ("127.0.0.1", 0), partial(_Bucket, directory=str(local.parent.parent))
+    )
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        _Bucket.release.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_issue15_ctrl_c_stops_a_pull_whose_downloads_hang(bucket, tmp_path):
+    """SIGINT ends ``roxxel pull`` (exit 130, one line) while its downloads still wait for
+    the store (read timeouts of minutes here): they are abandoned, not waited for."""
+    options = {"endpoint_url": f"http://127.0.0.1:{bucket}", "config_kwargs": {"read_timeout": 600}}
+    pull = [
+        "pull",
+        "s3://bucket/ds",
+        str(tmp_path / "dir"),
+        "--storage-options",
+        json.dumps(options),
+    ]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "roxxel.cli", *pull],
+        env={**os.environ, **CREDENTIALS},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert _Bucket.asked.wait(60)
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=60)  # the old pull: 4 x 600 s
+    finally:
+        child.kill()
+    assert child.returncode == 130 and err.strip() == "roxxel pull: interrupted"
+    assert not _Bucket.release.is_set()
+    assert not [n for n in os.listdir(tmp_path / "dir") if not n.startswith(".")]
+
+
+def test_issue15_a_store_that_never_answers_fails_after_s3fs_read_timeouts(
+    bucket, local, tmp_path, monkeypatch
+):
+    """A shard GET whose answer never comes fails after ``attempts`` of s3fs's read timeout
+    (``S3FileSystem.read_timeout``, what docs/remote.md says), not after roxxel's own 60 s."""
+    import s3fs
+
+    for key, value in CREDENTIALS.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(s3fs.S3FileSystem, "read_timeout", 0.5)
+    dataset = roxxel.open_dataset(
+        "s3://bucket/ds",
+        cache_dir=tmp_path / "cache",
+        storage_options={"endpoint_url": f"http://127.0.0.1:{bucket}"},
+    )
+    assert dataset.cache is not None and dataset.cache.store._direct is not None
+    dataset.cache.store.policy = FetchPolicy(attempts=2, backoff_s=0.0)
+    failed: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            dataset[0]
+        except ConnectionError as exc:
+            failed.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(30)  # the old reads: 2 x 60 s
+    assert failed and "s3://bucket/ds/" in str(failed[0]) and "unreachable" in str(failed[0])
+
+
+def test_issue15_pull_into_a_file_is_one_line_saying_dir_is_not_a_folder(tmp_path, capsys):
+    from roxxel.cli import main
+
+    target = tmp_path / "afile"
+    target.write_text("mine")
+    assert main(["pull", "file:///nowhere/ds", str(target)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert str(target) in err and "not a folder" in err
+    assert target.read_text() == "mine"

@@ -51,11 +51,22 @@ def local(tmp_path) -> Path:
     return _write(tmp_path / "bucket" / "ds")
 
 
+@pytest.fixture
+def ctrl_c() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt here, and the processes started here take it as
+    Python does, also where the suite runs with SIGINT ignored (a shell's background job)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 # --- Loader.close and Ctrl-C in Python --------------------------------------------------------
 
 
 def test_issue15_ctrl_c_while_the_loader_waits_for_a_download_stops_at_once(
-    local, tmp_path, monkeypatch
+    local, tmp_path, monkeypatch, ctrl_c
 ):
     """The pipeline thread waits for the download of its batch's shard; Ctrl-C closes the
     loader (``with``), and the close returns while that download still hangs (it took 4 read
@@ -141,7 +152,7 @@ def bucket(local) -> Iterator[int]:
         server.server_close()
 
 
-def test_issue15_ctrl_c_stops_a_pull_whose_downloads_hang(bucket, tmp_path):
+def test_issue15_ctrl_c_stops_a_pull_whose_downloads_hang(bucket, tmp_path, ctrl_c):
     """SIGINT ends ``roxxel pull`` (exit 130, one line) while its downloads still wait for
     the store (read timeouts of minutes here): they are abandoned, not waited for."""
     options = {"endpoint_url": f"http://127.0.0.1:{bucket}", "config_kwargs": {"read_timeout": 600}}

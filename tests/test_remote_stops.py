@@ -221,3 +221,35 @@ def test_issue15_pull_into_a_file_is_one_line_saying_dir_is_not_a_folder(tmp_pat
     assert len(err.splitlines()) == 1
     assert str(target) in err and "not a folder" in err
     assert target.read_text() == "mine"
+
+
+def test_issue15_a_child_forked_while_a_download_runs_fetches_that_shard_once_it_ends(
+    local, tmp_path, monkeypatch
+):
+    """The download's fetch lock is the parent's: a child forked while it runs (one a
+    stopped Loader left, say) waits for it like any process, then gets the shard; its copy
+    of the lock's descriptor held the lock for ever before."""
+    from roxxel.format.cache import CacheConfig, ShardCache
+
+    parent, started, release = os.getpid(), threading.Event(), threading.Event()
+    original = RemoteStore.read_into
+
+    def stalled(self, *args):
+        if os.getpid() == parent:
+            started.set()
+            release.wait(HELD_S)
+        return original(self, *args)
+
+    monkeypatch.setattr(RemoteStore, "read_into", stalled)
+    cache = ShardCache(CacheConfig(f"file://{local}", tmp_path / "cache"))
+    entry = cache.read_manifest().shards[0]
+    cache.prefetch([entry])
+    assert started.wait(HELD_S)
+    pid = os.fork()
+    if pid == 0:  # the child: fetches the shard once the parent's download let go of it
+        signal.alarm(30)
+        os._exit(0 if cache.fetch(entry).is_file() else 1)
+    release.set()
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    cache.wait()

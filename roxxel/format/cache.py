@@ -224,6 +224,7 @@ class ShardCache:
         self._ahead: dict[str, int] = {}
         self._room_lock = threading.Lock()  # one eviction decision at a time in this process
         self._reserved = 0  # bytes of the downloads running in this process (not published)
+        self._locks: set[int] = set()  # descriptors of the fetch locks held by its downloads
         self._num_shards = 0  # in the manifest read last: see num_missing
         with _COUNTS_LOCK:
             _OPEN.add(self)
@@ -524,6 +525,8 @@ class ShardCache:
             lock = os.open(
                 _side(self.folder, entry.path, ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
             )
+        with self._lock:  # a forked child closes its copy: the lock stays this process's
+            self._locks.add(lock)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if self.is_current(entry):
@@ -559,7 +562,9 @@ class ShardCache:
                 self.num_fetched += 1
             return path, _held(path) if hold else None
         finally:
-            os.close(lock)  # releases the flock
+            with self._lock:
+                self._locks.discard(lock)
+                os.close(lock)  # releases the flock
 
     def _download(self, entry: ShardEntry, temp: Path) -> None:
         """The object into ``temp``, size-checked: ranged reads up to a byte past the entry's
@@ -651,9 +656,9 @@ def _renew_after_fork() -> None:
     """In a forked child: no fetch thread of the parent runs here, and a lock one held at the
     fork would never be released."""
     for cache in list(_OPEN):
-        for fd in cache._ahead.values():  # the parent's hold on them is the parent's
-            os.close(fd)
-        cache._ahead = {}
+        for fd in [*cache._ahead.values(), *cache._locks]:  # the parent's holds and locks
+            os.close(fd)  # (a download it left running would hold them here for ever)
+        cache._ahead, cache._locks = {}, set()
         cache._lock, cache._threads, cache._inflight = threading.Lock(), [], {}
         cache._turn, cache._first = threading.Condition(cache._lock), set()
         cache._queue = queue.SimpleQueue()

@@ -227,15 +227,14 @@ def test_ctrl_c_while_workers_start_is_one_line(tmp_path):
         _assert_one_line_interrupted(_INTERRUPTED_AT_START, argv, delay, tmp_path)
 
 
-_INTERRUPTED_AFTER_SUBMIT = """
+_INTERRUPTED_AS_POOL_STARTS = """
 import os, signal, sys, threading
-from concurrent.futures import ProcessPoolExecutor
-submit = ProcessPoolExecutor.map
-def interrupted(self, *args, **kwargs):
-    jobs = submit(self, *args, **kwargs)  # the workers start now
+from multiprocessing.pool import Pool
+start = Pool.__init__
+def interrupted(self, *args, **kwargs):  # the workers start now
     threading.Timer(float(os.environ["DELAY"]), os.killpg, (0, signal.SIGINT)).start()
-    return jobs
-ProcessPoolExecutor.map = interrupted
+    start(self, *args, **kwargs)
+Pool.__init__ = interrupted
 from roxxel.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -248,9 +247,9 @@ def test_ctrl_c_during_a_verify_in_processes_is_one_line(tmp_path):
         _corpus(tmp_path / f"{name}.jsonl", n=30_000)
     pack = ["pack", "a.jsonl", "b.jsonl", "c.jsonl", "-o", "ds", "--unit-bytes", "256K", "-q"]
     assert subprocess.run([sys.executable, "-m", "roxxel.cli", *pack], cwd=tmp_path).returncode == 0
-    for delay in (0.0, 0.02, 0.05):  # while the workers start, as they begin to verify
+    for delay in (0.0, 0.02, 0.05, 0.2):  # while the workers start, as they begin to verify
         argv = ["verify", "ds", "--workers", "2"]
-        _assert_one_line_interrupted(_INTERRUPTED_AFTER_SUBMIT, argv, delay, tmp_path)
+        _assert_one_line_interrupted(_INTERRUPTED_AS_POOL_STARTS, argv, delay, tmp_path)
 
 
 def _assert_one_line_interrupted(script: str, argv: list[str], delay: float, cwd) -> None:

@@ -232,15 +232,37 @@ def test_fit_copies_a_leaf_that_appears_twice_before_donating(tmp_path: Path) ->
 def test_sigterm_in_process_finishes_the_step_saves_and_returns(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A signal while step 0 runs (here: while it is traced) lets it finish: stop at 1."""
+
+    def signalled_step(state: dict[str, jax.Array], batch: dict[str, Any]) -> Any:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return step_fn(state, batch)
+
     cfg = config(tmp_path, console=True)
-    result = fit(step_fn, init_state(), FakeLoader(signal_at=6), config=cfg)
-    assert (result.status, result.step) == ("preempted", 7)
-    err = capsys.readouterr().err
-    assert "roxxel: preempted by SIGTERM at step 7" in err
+    result = fit(signalled_step, init_state(), FakeLoader(), config=cfg)
+    assert (result.status, result.step) == ("preempted", 1)
+    assert "roxxel: preempted by SIGTERM at step 1" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     with Checkpointer(CheckpointConfig(result.checkpoint_dir)) as ckpt:
-        assert ckpt.latest_step() == 7
-        assert ckpt.restore(init_state()).loader_state == {"step": 7}
+        assert ckpt.latest_step() == 1
+        assert ckpt.restore(init_state()).loader_state == {"step": 1}
+
+
+def test_sigterm_while_the_loader_makes_a_batch_stops_before_that_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A signal while the loop waits for batch 6 (a preemption notice gives seconds; a
+    batch may wait for a store) ends that wait: the checkpoint is step 6, whose loader
+    state gives batch 6 again on resume."""
+    cfg = config(tmp_path, console=True)
+    result = fit(step_fn, init_state(), FakeLoader(signal_at=6), config=cfg)
+    assert (result.status, result.step) == ("preempted", 6)
+    assert "roxxel: preempted by SIGTERM at step 6" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    with Checkpointer(CheckpointConfig(result.checkpoint_dir)) as ckpt:
+        assert ckpt.latest_step() == 6
+        restored = ckpt.restore(init_state())
+    assert restored.loader_state == {"step": 6} and int(restored.state["n"]) == 6
 
 
 def test_exception_in_step_logs_traceback_after_all_queued_metrics(tmp_path: Path) -> None:
@@ -353,9 +375,9 @@ def test_sigterm_saves_exits_zero_and_a_restart_continues(
     stdout, stderr = proc.communicate("\n", timeout=60)
     assert proc.returncode == 0, stderr
     assert json.loads(stdout.splitlines()[-1])["status"] == "preempted"
-    assert "roxxel: preempted by SIGTERM at step 13" in stderr
+    assert "roxxel: preempted by SIGTERM at step 12" in stderr  # it waited for batch 12
     resumed = run_worker(tmp_path / "run")
-    assert (resumed["start"], resumed["step"]) == (13, 30)
+    assert (resumed["start"], resumed["step"]) == (12, 30)
     assert resumed["w"] == reference[1]["w"]
     assert_same_steps(tmp_path / "run", reference[0])
 

@@ -9,7 +9,6 @@ import multiprocessing
 import os
 import signal
 import time
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -146,26 +145,15 @@ def _verify_shard(
 
 def _verify_in_processes(args: argparse.Namespace, ks: range) -> list[list[Corruption]]:
     """Each shard's corruptions, `args.workers` processes at a time. A Ctrl-C stops it with
-    one line: the workers ignore SIGINT (the main process cancels what is queued), and one
-    arriving while they start is held until they run (`interrupts_held`)."""
+    one line and ends the workers at once, with any download they wait for (its shard is
+    fetched again next time, never published half): they ignore SIGINT, and one arriving
+    while they start is held until they run (`interrupts_held`)."""
     ctx = multiprocessing.get_context("forkserver")
-    workers = min(args.workers, len(ks))
-    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_ignore_interrupts)
-    try:
-        with interrupts_held():
-            jobs = pool.map(
-                _verify_shard,
-                [args.dataset] * len(ks),
-                ks,
-                [args.cache_dir] * len(ks),
-                [args.storage_options] * len(ks),
-            )
-        found = list(jobs)
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown()
-    return found
+    with interrupts_held():
+        pool = ctx.Pool(min(args.workers, len(ks)), initializer=_ignore_interrupts)
+    with pool:  # leaving it terminates the workers
+        jobs = [(args.dataset, k, args.cache_dir, args.storage_options) for k in ks]
+        return pool.starmap(_verify_shard, jobs)
 
 
 def _ignore_interrupts() -> None:

@@ -162,8 +162,11 @@ def _body(
 
 
 def what(exc: BaseException) -> str:
-    """A network error in words without its URL: this module's own words, or the error's
-    kind and the errno of the OS error under it."""
+    """A network error in words without its URL: this module's own words; the error's kind
+    and the errno of the OS error under it; a timeout's kind and first line past its
+    connection's name (``ReadTimeoutError: Read timed out. (read timeout=15)``); or its kind."""
+    import urllib3
+
     if isinstance(exc, Outage):
         return str(exc)
     seen: BaseException | None = exc
@@ -171,6 +174,9 @@ def what(exc: BaseException) -> str:
         if isinstance(seen, OSError) and seen.errno:
             return f"{type(exc).__name__}: {os.strerror(seen.errno)}"
         seen = seen.__cause__ or seen.__context__
+    if isinstance(exc, urllib3.exceptions.TimeoutError):  # "<connection>: <what>": no URL
+        told = str(exc).strip().partition("\n")[0].partition(": ")[2]
+        return f"{type(exc).__name__}: {told}" if told else type(exc).__name__
     return type(exc).__name__
 
 

@@ -268,7 +268,10 @@ def _transient(exc: BaseException) -> bool:
 
 
 def _told(exc: BaseException, options: dict[str, Any]) -> str:
-    """``"Kind: message"`` of a library's error, on one line, shown as `_masked` says."""
+    """``"Kind: message"`` of a library's error (an `Outage`: its message, in those words
+    already), on one line, shown as `_masked` says."""
+    if isinstance(exc, Outage):
+        return _masked(str(exc), options)
     return _masked(f"{type(exc).__name__}: {str(exc).strip().partition(chr(10))[0]}", options)
 
 

@@ -30,7 +30,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator, Sequence
-from multiprocessing import reduction
+from multiprocessing import reduction, resource_tracker
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -275,6 +275,9 @@ def interrupts_held(hold: bool = True) -> Iterator[None]:
     if not hold:
         yield
         return
+    # multiprocessing's resource tracker unblocks SIGINT once it has started (the first
+    # lock or queue a pool makes starts it): started now, it leaves the block below alone
+    resource_tracker.ensure_running()
     noted: list[int] = []
     main = threading.current_thread() is threading.main_thread()
     before = signal.signal(signal.SIGINT, lambda num, _: noted.append(num)) if main else None

@@ -27,7 +27,8 @@ import signal
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -67,7 +68,8 @@ class TrainConfig:
         on_nonfinite: ``"stop"`` saves the last good state and raises
             `FloatingPointError`; ``"skip"`` drops the update of that step and goes on.
         metrics_lag: steps whose metrics may stay on the device before the host waits.
-        handle_signals: SIGTERM/SIGINT finish the step, save and return "preempted".
+        handle_signals: SIGTERM/SIGINT finish the step (or end the wait for the next
+            batch), save and return "preempted".
         resume: restore the newest checkpoint in ``out_dir`` if there is one; when False,
             an ``out_dir`` that holds checkpoints is refused (`StateError`).
         console: print a progress line at each logged step (process 0 only).
@@ -157,9 +159,11 @@ def _compile(step_fn: Callable[..., Any], skip: bool) -> Callable[..., Any]:
 class _StopSignals:
     """Stop requests, checked between steps.
 
-    One process: SIGTERM/SIGINT set a flag (a second SIGINT interrupts at once). Several
-    processes (``jax.distributed``): JAX's preemption service owns SIGTERM, and
-    `reached_preemption_sync_point` makes every process stop at the same step.
+    One process: SIGTERM/SIGINT set a flag (a second SIGINT interrupts at once), and stop a
+    wait for the next batch (`batch_wait`): a preemption notice gives seconds, and a batch
+    may wait for a store's timeouts. Several processes (``jax.distributed``): JAX's
+    preemption service owns SIGTERM, and `reached_preemption_sync_point` makes every
+    process stop at the same step.
     """
 
     def __init__(self, enabled: bool) -> None:
@@ -168,6 +172,19 @@ class _StopSignals:
         self.enabled = enabled and main_thread and not self.multihost
         self.received: str | None = None
         self._previous: dict[int, Any] = {}
+        self._waiting = False
+
+    @contextmanager
+    def batch_wait(self) -> Iterator[None]:
+        """A stop signal arriving inside raises `_StopWaiting` there (also one that arrived
+        since `requested` was asked)."""
+        self._waiting = True
+        try:
+            if self.received is not None:
+                raise _StopWaiting
+            yield
+        finally:
+            self._waiting = False
 
     def requested(self, step: int) -> bool:
         """Whether to stop before running `step` (all processes agree when several)."""
@@ -179,6 +196,9 @@ class _StopSignals:
         if self.received is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.received = signal.Signals(signum).name
+        if self._waiting:
+            self._waiting = False
+            raise _StopWaiting
 
     def __enter__(self) -> _StopSignals:
         if self.enabled:
@@ -189,6 +209,11 @@ class _StopSignals:
     def __exit__(self, *exc_info: object) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+class _StopWaiting(BaseException):
+    """A stop signal ended the wait for a batch (a `BaseException`, as `KeyboardInterrupt`
+    is, so that no ``except Exception`` in a loader takes it for its own error)."""
 
 
 @dataclass
@@ -446,9 +471,12 @@ def _steps(
         if stop.requested(run.step):
             return "preempted", carry[0]
         try:
-            batch = next(batches)
+            with stop.batch_wait():
+                batch = next(batches)
         except StopIteration:
             return "exhausted", carry[0]
+        except _StopWaiting:  # no batch yet: the step before it is the one saved
+            return "preempted", carry[0]
         carry, metrics = compiled(carry, batch)
         run.pending.append(_Pending(run.step, metrics, run.loader_state))
         run.step += 1

@@ -547,6 +547,19 @@ def test_issue14_a_table_without_the_asked_column_is_one_line_naming_file_and_ro
     assert not (tmp_path / "ds" / "manifest.json").exists()
 
 
+@pytest.mark.parametrize("suffix", [".parquet", ".arrow"])
+def test_issue14_a_missing_column_names_the_columns_the_file_has(tmp_path, capsys, suffix):
+    """The error listed the columns read ("its fields: ['body']", or "[]" when none was
+    there), not the file's: a misspelt --field showed no column to pick instead."""
+    table = pa.table({"body": [1, 2, 3], "text": ["a", "b", "c"]})
+    src = write_table(table, tmp_path / f"c{suffix}")
+    argv = ["--field", "body:int64", "--field", "nope:int64"]
+    assert _run("pack", src, "-o", tmp_path / "ds", *argv) == 1
+    err = _one_line_error(capsys)
+    assert str(src) in err and "'nope'" in err and "['body', 'text']" in err
+    assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
 def test_issue14_dictionary_encoded_columns_pack_as_their_values(tmp_path):
     """pandas saves a categorical column dictionary-encoded; such a string or integer
     column was refused ("Arrow type dictionary<...>") where its plain twin packs."""

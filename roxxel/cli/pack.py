@@ -636,13 +636,13 @@ def _config(args: argparse.Namespace, out_dir: str) -> tuple[PackConfig, list[Wo
 
 
 def _reading(args: argparse.Namespace, config: PackConfig, schema: dict[str, str]) -> PackConfig:
-    """``config`` reading only the input columns the pack uses: the schema's fields, the
-    text and kept fields of --tokenizer, the image field (all of them with --map, whose
-    function sees whole records)."""
+    """``config`` reading only the input columns the pack uses: the schema's fields (but
+    the token ids --tokenizer makes), the text and kept fields of --tokenizer, the image
+    field (all of them with --map, whose function sees whole records)."""
     names = set(schema)
-    if config.tokenize is not None:
+    if config.tokenize is not None:  # its token ids are made, not read
         tokenize = TokenizeConfig.from_json(config.tokenize)
-        names |= {tokenize.text_field, *tokenize.keep_fields}
+        names = (names - {tokenize.out_field}) | {tokenize.text_field, *tokenize.keep_fields}
     if config.images is not None:
         names.add(ImageConfig.from_json(config.images).field)
     columns = None if args.map is not None else tuple(sorted(names))

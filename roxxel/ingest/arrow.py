@@ -83,7 +83,7 @@ def read_parquet_blocks(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Ite
     meta = reader.metadata
     check_range(piece, meta.num_row_groups, "row group")
     first = sum(meta.row_group(g).num_rows for g in range(piece.start))
-    names = _wanted(reader.schema_arrow.names, opts)
+    names = _wanted(reader.schema_arrow.names, opts, piece.path)
     for g in range(piece.start, piece.stop):
         for batch in reader.read_row_group(g, columns=names).to_batches():
             yield from _batch_blocks(pa, batch, piece, first, opts, bad)
@@ -129,16 +129,25 @@ def read_arrow_blocks(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Itera
         first = sum(reader.get_batch(b).num_rows for b in range(piece.start))
         batches = (reader.get_batch(b) for b in range(piece.start, piece.stop))
     for batch in batches:
-        names = _wanted(batch.schema.names, opts)
+        names = _wanted(batch.schema.names, opts, piece.path)
         yield from _batch_blocks(
             pa, batch if names is None else batch.select(names), piece, first, opts, bad
         )
         first += batch.num_rows
 
 
-def _wanted(names: list[str], opts: ReadOptions) -> list[str] | None:
-    """The columns of ``names`` to read (``opts.columns``), or None for all."""
-    return None if opts.columns is None else [n for n in names if n in opts.columns]
+def _wanted(names: list[str], opts: ReadOptions, path: str) -> list[str] | None:
+    """The columns of ``names`` to read (``opts.columns``), or None for all; a ConfigError
+    naming the file's columns when one asked for is not among them."""
+    if opts.columns is None:
+        return None
+    for name in opts.columns:
+        if name not in names:
+            raise ConfigError(
+                f"{path}: row 0: field {name!r} missing from the record (its fields:"
+                f" {sorted(names)}, expected every field the pack reads)"
+            )
+    return [n for n in names if n in opts.columns]
 
 
 def _batch_blocks(

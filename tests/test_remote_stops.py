@@ -62,21 +62,14 @@ def ctrl_c() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-# --- Loader.close and Ctrl-C in Python --------------------------------------------------------
-
-
-def test_issue15_ctrl_c_while_the_loader_waits_for_a_download_stops_at_once(
-    local, tmp_path, monkeypatch, ctrl_c
-):
-    """The pipeline thread waits for the download of its batch's shard; Ctrl-C closes the
-    loader (``with``), and the close returns while that download still hangs (it took 4 read
-    timeouts before: minutes)."""
-    from roxxel.loader.loader import Loader, LoaderConfig
-
+@pytest.fixture
+def stalled(monkeypatch) -> Iterator[tuple[threading.Event, threading.Event, threading.Event]]:
+    """Downloads (reads outside the main thread) that hang until ``release``: the events
+    (``started``, ``release``, ``finished``) of the first to start and to end."""
     started, release, finished = threading.Event(), threading.Event(), threading.Event()
     original = RemoteStore.read_into
 
-    def stalled(self, *args):
+    def read_into(self, *args):
         if threading.current_thread() is not threading.main_thread():
             started.set()
             release.wait(HELD_S)
@@ -85,7 +78,25 @@ def test_issue15_ctrl_c_while_the_loader_waits_for_a_download_stops_at_once(
         finally:
             finished.set()
 
-    monkeypatch.setattr(RemoteStore, "read_into", stalled)
+    monkeypatch.setattr(RemoteStore, "read_into", read_into)
+    try:
+        yield started, release, finished
+    finally:
+        release.set()
+
+
+# --- Loader.close and Ctrl-C in Python --------------------------------------------------------
+
+
+def test_issue15_ctrl_c_while_the_loader_waits_for_a_download_stops_at_once(
+    local, tmp_path, monkeypatch, stalled, ctrl_c
+):
+    """The pipeline thread waits for the download of its batch's shard; Ctrl-C closes the
+    loader (``with``), and the close returns while that download still hangs (it took 4 read
+    timeouts before: minutes)."""
+    from roxxel.loader.loader import Loader, LoaderConfig
+
+    started, release, finished = stalled
     dataset = roxxel.open_dataset(f"file://{local}", cache_dir=tmp_path / "cache")
     config = LoaderConfig(max_len={"tokens": 32})
     ctrl_c = threading.Thread(target=lambda: started.wait(HELD_S) and _thread.interrupt_main())
@@ -98,7 +109,6 @@ def test_issue15_ctrl_c_while_the_loader_waits_for_a_download_stops_at_once(
         release.set()
         ctrl_c.join()
     assert loader._prefetcher is None  # closed: its threads joined
-    monkeypatch.setattr(RemoteStore, "read_into", original)
     expected = [list(range(i, i + i % 17)) for i in range(NUM_RECORDS)]
     assert [dataset[i]["tokens"].tolist() for i in range(NUM_RECORDS)] == expected
 
@@ -319,7 +329,7 @@ def test_issue15_ctrl_c_stops_a_verify_whose_workers_download(bucket, tmp_path, 
 
 
 def test_issue15_sigterm_while_fit_waits_for_a_download_saves_and_returns_at_once(
-    local, tmp_path, monkeypatch
+    local, tmp_path, monkeypatch, stalled
 ):
     """A preemption notice (SIGTERM) gives a run seconds: `fit` waiting for a batch whose
     shard hangs on the store stops that wait, saves the step before it (model and loader
@@ -331,19 +341,7 @@ def test_issue15_sigterm_while_fit_waits_for_a_download_saves_and_returns_at_onc
     from roxxel.train.checkpoint import CheckpointConfig, Checkpointer
     from roxxel.train.loop import TrainConfig, fit
 
-    started, release, finished = threading.Event(), threading.Event(), threading.Event()
-    original = RemoteStore.read_into
-
-    def stalled(self, *args):
-        if threading.current_thread() is not threading.main_thread():
-            started.set()
-            release.wait(HELD_S)
-        try:
-            return original(self, *args)
-        finally:
-            finished.set()
-
-    monkeypatch.setattr(RemoteStore, "read_into", stalled)
+    started, release, finished = stalled
     dataset = roxxel.open_dataset(f"file://{local}", cache_dir=tmp_path / "cache")
     loader = Loader(dataset, 8, config=LoaderConfig(max_len={"tokens": 32}))
 

@@ -89,7 +89,7 @@ def stalled(monkeypatch) -> Iterator[tuple[threading.Event, threading.Event, thr
 
 
 def test_issue15_ctrl_c_while_the_loader_waits_for_a_download_stops_at_once(
-    local, tmp_path, monkeypatch, stalled, ctrl_c
+    local, tmp_path, stalled, ctrl_c
 ):
     """The pipeline thread waits for the download of its batch's shard; Ctrl-C closes the
     loader (``with``), and the close returns while that download still hangs (it took 4 read
@@ -329,7 +329,7 @@ def test_issue15_ctrl_c_stops_a_verify_whose_workers_download(bucket, tmp_path, 
 
 
 def test_issue15_sigterm_while_fit_waits_for_a_download_saves_and_returns_at_once(
-    local, tmp_path, monkeypatch, stalled
+    local, tmp_path, stalled
 ):
     """A preemption notice (SIGTERM) gives a run seconds: `fit` waiting for a batch whose
     shard hangs on the store stops that wait, saves the step before it (model and loader

@@ -577,3 +577,31 @@ def test_issue14_dictionary_encoded_columns_pack_as_their_values(tmp_path):
         assert [ds[i]["label"].item() for i in range(4)] == [3, 1, 3, 2]
         assert ds[3]["label"].dtype == np.int16
         assert [ds[i]["text"] for i in range(4)] == ["a", "b", "a", "c"]
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".arrow"])
+def test_issue14_invalid_utf8_in_a_string_column_is_named_or_skipped(tmp_path, capsys, suffix):
+    """Writers that do not check UTF-8 (Spark, DuckDB, Rust) can leave bytes that are not
+    text in a string column: the pack died with a `UnicodeDecodeError` traceback, also
+    with --skip-bad. Now one line naming the file, field and row, or the row skipped."""
+    text = pa.array([b"ok", b"bad\xff", b"x"]).view(pa.string())
+    src = write_table(pa.table({"id": [1, 2, 3], "text": text}), tmp_path / f"u{suffix}")
+    assert _run("pack", src, "-o", tmp_path / "ds", "-q") == 1
+    err = _one_line_error(capsys)
+    assert str(src) in err and "field 'text'" in err and "row 1" in err and "UTF-8" in err
+    assert not (tmp_path / "ds" / "manifest.json").exists()
+    assert _run("pack", src, "-o", tmp_path / "ds", "-q", "--skip-bad") == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "skipped 1 bad records" in err
+    assert f"{src}: field 'text': row 1: invalid UTF-8" in err
+    ds = roxxel.open_dataset(tmp_path / "ds")
+    assert [(int(r["id"]), r["text"]) for r in ds] == [(1, "ok"), (3, "x")]
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow"])
+def test_issue14_a_null_skipped_with_skip_bad_is_named_with_its_field(tmp_path, capsys, kind):
+    """Without --skip-bad a null said its field; the places --skip-bad listed did not."""
+    table = pa.table({"x": pa.array([1, None, 3], pa.int32()), "y": [4, 5, 6]})
+    path = write_table(table, tmp_path / f"n.{kind}")
+    assert _run("pack", path, "-o", tmp_path / "ds", "-q", "--skip-bad") == 0
+    assert f"{path}: field 'x': row 1: null" in capsys.readouterr().err

@@ -153,36 +153,69 @@ def _wanted(names: list[str], opts: ReadOptions, path: str) -> list[str] | None:
 def _batch_blocks(
     pa: ModuleType, batch: Any, piece: Piece, first: int, opts: ReadOptions, bad: BadRecords
 ) -> Iterator[Block]:
-    """A record batch as blocks: one, or with ``opts.skip_bad`` one per run of rows
-    without a null (each skipped row counted in ``bad``). Raises ConfigError naming the
-    file, field and row of the first null otherwise. Dictionary-encoded columns (a pandas
-    categorical) are read as their values."""
+    """A record batch as blocks: one, or with ``opts.skip_bad`` one per run of rows no
+    record can hold (`_flaws`: each skipped row counted in ``bad``). Raises ConfigError
+    naming the file, field and row of the first such row otherwise. Dictionary-encoded
+    columns (a pandas categorical) are read as their values."""
     if any(pa.types.is_dictionary(t) for t in batch.schema.types):
         batch = pa.RecordBatch.from_arrays(
             [c.dictionary_decode() if pa.types.is_dictionary(c.type) else c for c in batch.columns],
             names=batch.schema.names,
         )
-    names, columns = batch.schema.names, batch.columns
-    nulls = {name: _null_rows(pa, col) for name, col in zip(names, columns, strict=True)}
-    nulls = {name: rows for name, rows in nulls.items() if rows is not None}
-    if not nulls:
+    flaws = [
+        (name, rows, what)
+        for name, col in zip(batch.schema.names, batch.columns, strict=True)
+        for rows, what in _flaws(pa, col)
+    ]
+    if not flaws:
         yield _batch_block(pa, batch, piece, first)
         return
-    any_null = np.logical_or.reduce(list(nulls.values()))
+
+    def told(row: int) -> str:
+        name, _, what = next(flaw for flaw in flaws if flaw[1][row])
+        return f"{piece.path}: field {name!r}: row {first + row}: {what}"
+
+    flawed = np.logical_or.reduce([rows for _, rows, _ in flaws])
     if not opts.skip_bad:
-        row = int(np.argmax(any_null))
-        name = next(n for n, rows in nulls.items() if rows[row])
-        raise ConfigError(
-            f"{piece.path}: field {name!r}: row {first + row}: null (expected a value in "
-            f"every row)",
-            path=piece.path,
-            offset=first + row,
-        )
-    for row in np.flatnonzero(any_null).tolist():
-        bad.add(f"{piece.path}: row {first + row}: null (expected a value in every row)")
-    edges = np.flatnonzero(np.diff(np.concatenate([[1], any_null, [1]]).astype(np.int8)))
+        row = int(np.argmax(flawed))
+        raise ConfigError(told(row), path=piece.path, offset=first + row)
+    for row in np.flatnonzero(flawed).tolist():
+        bad.add(told(row))
+    edges = np.flatnonzero(np.diff(np.concatenate([[1], flawed, [1]]).astype(np.int8)))
     for start, stop in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):
         yield _batch_block(pa, batch.slice(start, stop - start), piece, first + start)
+
+
+def _flaws(pa: ModuleType, col: Any) -> Iterator[tuple[np.ndarray, str]]:
+    """The rows of a column no record can hold, as a mask, with what is wrong with them:
+    nulls, and in a string column bytes that are not UTF-8 (writers that skip the check
+    leave them)."""
+    nulls = _null_rows(pa, col)
+    if nulls is not None:
+        yield nulls, "null (expected a value in every row)"
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        invalid = _invalid_utf8_rows(pa, col)
+        if invalid is not None:
+            yield invalid, "invalid UTF-8 (expected text in a string column)"
+
+
+def _invalid_utf8_rows(pa: ModuleType, col: Any) -> np.ndarray | None:
+    """Which rows of a string column are not UTF-8; None when all are (Arrow's own check,
+    in C, before any row is looked at in Python)."""
+    try:
+        col.validate(full=True)
+        return None
+    except pa.ArrowInvalid:
+        pass
+    raw = col.view(pa.large_binary() if pa.types.is_large_string(col.type) else pa.binary())
+    rows = np.zeros(len(col), dtype=bool)
+    for i, value in enumerate(raw.to_pylist()):
+        try:
+            if value is not None:
+                value.decode()
+        except UnicodeDecodeError:
+            rows[i] = True
+    return rows if rows.any() else None
 
 
 def _null_rows(pa: ModuleType, col: Any) -> np.ndarray | None:

@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -485,10 +486,11 @@ def test_issue14_a_token_field_not_of_integer_ids_is_refused_before_packing(
 ):
     """Ids cast to float16 or bool were packed silently changed (2049 -> 2048, 7 -> True),
     and `tokens:int32[4]` stopped in the worker with a TypeError traceback: the token field
-    is one variable-length run of integers (`int32[]`), checked before any work."""
+    is one variable-length run of integers (`int32[]`), checked before any work (a usage
+    error, as other --field conflicts)."""
     src = _jsonl(tmp_path / "c.jsonl", _texts(5))
     argv = [src, "-o", tmp_path / "ds", "--tokenizer", toks["hf"], "--field", f"tokens:{spec}"]
-    assert _pack(*argv) == 1
+    assert _pack(*argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert f"tokens:{spec}" in err and rule in err
@@ -807,3 +809,160 @@ def test_issue14_a_parquet_without_the_text_column_is_one_line_naming_file_and_r
     assert str(src) in err and "row 0" in err and "'nope'" in err
     with pytest.raises(roxxel.RoxxelError, match=r"c\.parquet.*row 0.*'nope'"):
         roxxel.pack(src, tmp_path / "py", tokenizer=toks["hf"], text_field="nope")
+
+
+def _ranks_with(tmp_path: Path, last: str) -> Path:
+    """A ranks file: the 256 single bytes (lines 1-256), b"th" (line 257), then ``last``."""
+    singles = "".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n" for b in range(256))
+    ranks = tmp_path / "r.tiktoken"
+    ranks.write_text(f"{singles}{base64.b64encode(b'th').decode()} 256\n{last}\n")
+    return ranks
+
+
+@pytest.mark.parametrize(
+    ("last", "rule"),
+    [
+        ("dGhl 5", r"line 258: rank 5 given twice \(first on line 6; expected each rank once\)"),
+        ("dGhl 5000000000", r"line 258: rank 5000000000 \(expected 0 <= rank < 2\*\*32\)"),
+        ("dGhl -1", r"line 258: rank -1 \(expected 0 <= rank < 2\*\*32\)"),
+        ("dGg= 257", r"line 258: token b'th' given twice \(first on line 257; expected each"),
+    ],
+    ids=["duplicate-rank", "rank-past-uint32", "negative-rank", "duplicate-token"],
+)
+def test_issue14_a_malformed_tiktoken_rank_is_one_line_naming_file_line_and_rule(
+    tmp_path, capsys, last, rule
+):
+    """A rank given twice made tiktoken panic in Rust (a backtrace, then a PanicException: a
+    BaseException, past `except Exception` around `roxxel.pack`); a rank past uint32 or below
+    0 was an OverflowError traceback; a token given twice silently lost its first rank."""
+    ranks = _ranks_with(tmp_path, last)
+    src = _jsonl(tmp_path / "c.jsonl", ["the fox"])
+    assert _pack(src, "-o", tmp_path / "ds", "--tokenizer", ranks, "--eos-id", 0) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("roxxel pack: error: ")
+    assert re.search(rf"--tokenizer {re.escape(str(ranks))}: {rule}", err), err
+    with pytest.raises(roxxel.RoxxelError, match=rf"r\.tiktoken: {rule}"):
+        roxxel.pack(src, tmp_path / "py", tokenizer=ranks, eos_id=0)
+    assert not (tmp_path / "ds").exists() and not (tmp_path / "py").exists()
+
+
+def _hf_with_eos_tokens(toks: dict[str, Path], tmp_path: Path) -> tuple[Path, dict[str, int]]:
+    """tok/tokenizer.json with both "</s>" and "<|endoftext|>", and the id of each."""
+    hf = tokenizers.Tokenizer.from_file(str(toks["hf"]))
+    hf.add_special_tokens(["</s>"])
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    hf.save(str(folder / "tokenizer.json"))
+    ids = {t: hf.token_to_id(t) for t in ("</s>", "<|endoftext|>")}
+    assert len(set(ids.values())) == 2
+    return folder / "tokenizer.json", ids
+
+
+def test_issue14_a_changed_tokenizer_config_is_seen_by_the_next_pack_in_the_process(toks, tmp_path):
+    """Two `roxxel.pack(..., append_eos=True)` in one process, tokenizer_config.json's
+    eos_token changed in between: the second pack ended each text with the first EOS and its
+    manifest said so (the loaded tokenizer was cached by tokenizer.json's hash alone)."""
+    path, ids = _hf_with_eos_tokens(toks, tmp_path)
+    src = _jsonl(tmp_path / "c.jsonl", _texts(10))
+    for token, eos in ids.items():
+        (path.parent / "tokenizer_config.json").write_text(json.dumps({"eos_token": token}))
+        out = tmp_path / f"ds-{eos}"
+        roxxel.pack(src, out, tokenizer=path, append_eos=True)
+        ds = roxxel.open_dataset(out)
+        assert ds.metadata["tokenizer"]["eos_id"] == eos
+        assert [int(ds[i]["tokens"][-1]) for i in range(len(ds))] == [eos] * len(ds)
+
+
+def test_issue14_a_rerun_with_a_changed_tokenizer_config_is_another_pack(toks, tmp_path, capsys):
+    """A rerun into the same output after tokenizer_config.json named another EOS was taken
+    for the same pack and kept the units made with the old EOS: now it is a pack with other
+    arguments (refused without --overwrite), and the fingerprint holds the EOS id."""
+    path, ids = _hf_with_eos_tokens(toks, tmp_path)
+    config = path.parent / "tokenizer_config.json"
+    src, out = _jsonl(tmp_path / "c.jsonl", _texts(10)), tmp_path / "ds"
+    argv = [src, "-o", out, "--tokenizer", path, "--append-eos"]
+    config.write_text(json.dumps({"eos_token": "</s>"}))
+    assert _pack(*argv) == 0
+    first = roxxel.open_dataset(out).metadata["roxxel_pack"]
+    config.write_text(json.dumps({"eos_token": "<|endoftext|>"}))
+    capsys.readouterr()
+    assert _pack(*argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "other arguments" in err
+    assert _pack(*argv, "--overwrite") == 0
+    ds = roxxel.open_dataset(out)
+    assert ds.metadata["roxxel_pack"] != first
+    assert ds.metadata["tokenizer"]["eos_id"] == ids["<|endoftext|>"]
+    assert int(ds[0]["tokens"][-1]) == ids["<|endoftext|>"]
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '"</s>"', "null"])
+def test_issue14_a_tokenizer_config_not_an_object_is_named(toks, tmp_path, capsys, text):
+    """A tokenizer_config.json holding valid JSON but not an object (`[1, 2]`) was ignored
+    silently: its eos_token / bos_token were never read and the EOS guessed."""
+    path, _ = _hf_with_eos_tokens(toks, tmp_path)
+    config = path.parent / "tokenizer_config.json"
+    config.write_text(text)
+    src = _jsonl(tmp_path / "c.jsonl", _texts(3))
+    assert _pack(src, "-o", tmp_path / "ds", "--tokenizer", path, "--append-eos") == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"{config}: not a JSON object" in err and "eos_token" in err
+    assert not (tmp_path / "ds").exists()
+
+
+def _tiktoken_with_gap(toks: dict[str, Path], tmp_path: Path, token: bytes, rank: int) -> Path:
+    lines = toks["tiktoken"].read_text().splitlines()
+    coded = base64.b64encode(token).decode()
+    moved = [f"{coded} {rank}" if line.split()[0] == coded else line for line in lines]
+    assert moved != lines
+    path = tmp_path / "gap.tiktoken"
+    path.write_text("\n".join(moved) + "\n")
+    return path
+
+
+def _hf_with_gap(toks: dict[str, Path], tmp_path: Path, token: bytes, rank: int) -> Path:
+    doc = json.loads(toks["hf"].read_text())
+    name = token.decode().replace(" ", "Ġ")
+    assert name in doc["model"]["vocab"]
+    doc["model"]["vocab"][name] = rank
+    path = tmp_path / "gap" / "tokenizer.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("kind", ["hf", "tiktoken"])
+def test_issue14_the_token_dtype_holds_the_highest_id_not_the_count(toks, tmp_path, kind):
+    """The dtype came from the number of vocabulary entries: an HF tokenizer.json whose
+    vocabulary has a gap (one token moved to id 70000, 500 entries) got uint16, and the pack
+    then stopped at the first record holding that token ("token id 70000 (expected <=
+    65535"). It comes from the highest id, as for a tiktoken ranks file."""
+    make = _hf_with_gap if kind == "hf" else _tiktoken_with_gap
+    path = make(toks, tmp_path, b" fox", 70_000)
+    texts = _texts(20)
+    src, out = _jsonl(tmp_path / "c.jsonl", texts), tmp_path / "ds"
+    assert _pack(src, "-o", out, "--tokenizer", path) == 0
+    ds = roxxel.open_dataset(out)
+    assert ds.schema.to_json() == {"tokens": "uint32[]"}
+    assert ds.metadata["tokenizer"]["vocab_size"] == 70_001
+    tok = load_tokenizer(str(path))
+    assert [ds[i]["tokens"].tolist() for i in range(len(ds))] == tok.encode_batch(texts)
+    assert any(70_000 in ds[i]["tokens"] for i in range(len(ds)))
+
+
+def test_issue14_a_token_field_flag_not_of_integer_ids_is_a_usage_error(toks, tmp_path, capsys):
+    """`--field tokens:float32[]` exited 1 while every other --field conflict (a field not
+    kept, no token field) is a usage error, exit 2; a --schema file's stays exit 1, naming
+    the file, as for its other conflicts."""
+    src = _jsonl(tmp_path / "c.jsonl", _texts(3))
+    argv = [src, "-o", tmp_path / "ds", "--tokenizer", toks["hf"]]
+    assert _pack(*argv, "--field", "tokens:float32[]") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--field tokens:float32[]" in err and "integer" in err
+    schema = tmp_path / "schema.toml"
+    schema.write_text('[fields]\ntokens = "float32[]"\n')
+    assert _pack(*argv, "--schema", schema) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f'{schema}: tokens = "float32[]"' in err
+    assert not (tmp_path / "ds").exists()

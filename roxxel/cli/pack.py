@@ -483,8 +483,7 @@ def _tokenize(args: argparse.Namespace) -> dict[str, object] | None:
         eos_id=args.eos_id,
         bos_id=args.bos_id,
         keep_fields=tuple(args.keep_field),
-    )
-    config.specials(tok)
+    ).with_specials(tok)
     _note_past_vocabulary(args, tok.vocab_size, config.dtype)
     return dataclasses.asdict(config)
 
@@ -529,8 +528,12 @@ def _token_dtype(args: argparse.Namespace, default: str) -> str:
             path=args.schema,
         )
     spec = fields["tokens"]
-    where = f"--field tokens:{spec}" if args.field else f'{args.schema}: tokens = "{spec}"'
-    return token_field_dtype(spec, where)
+    if not args.field:
+        return token_field_dtype(spec, f'{args.schema}: tokens = "{spec}"')
+    try:
+        return token_field_dtype(spec, f"--field tokens:{spec}")
+    except ConfigError as e:  # the library's word for it: here, the command line's
+        raise UsageError(str(e)) from None
 
 
 _NO_BYTES = ("text", "text-file", "jsonl")  # input kinds whose records hold no bytes

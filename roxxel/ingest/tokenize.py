@@ -10,7 +10,7 @@ encodes a work unit's texts in batches (``encode_batch``), so the tokenizer runs
 worker at once; within `cores_shared`, each process's tokenizer uses only its share of the
 cores (all three libraries default to a thread per core in every process). A record ``{text_field: str, ...}`` becomes ``{field: ids, kept...}`` with
 the ids as an array of the token dtype: the smallest unsigned type that holds the
-vocabulary (`token_dtype`) unless the schema says otherwise (an integer dtype,
+vocabulary's highest id (`token_dtype`) unless the schema says otherwise (an integer dtype,
 `token_field_dtype`). Special tokens are never added by the tokenizer itself, and a
 document's text that spells one (``</s>``, ``<|endoftext|>``) is encoded as text by all
 three libraries; ``append_eos`` / ``prepend_bos`` add the tokenizer's own (or ``eos_id`` /
@@ -30,7 +30,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -119,7 +119,11 @@ def token_field_dtype(spec: str, where: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Tokenizer:
-    """A loaded tokenizer: batch encoding and its own special tokens (None: it has none)."""
+    """A loaded tokenizer: batch encoding and its own special tokens (None: it has none).
+
+    ``vocab_size`` is one past its highest id (its ids lie in [0, vocab_size), gaps and all),
+    not the number of its tokens: what `token_dtype` must hold.
+    """
 
     kind: TokenizerKind
     vocab_size: int
@@ -177,12 +181,8 @@ def _load_hf(path: str) -> Tokenizer:
     # a document's "</s>" is text, as in SentencePiece and tiktoken: specials come only from
     # append_eos / prepend_bos
     tok.encode_special_tokens = True
-    extra: dict[str, Any] = {}
-    beside = os.path.join(os.path.dirname(path), "tokenizer_config.json")
-    if os.path.isfile(beside):
-        with open(beside, "rb") as f:
-            loaded = load_json(f.read(), beside, ConfigError)
-        extra = loaded if isinstance(loaded, dict) else {}
+    beside = _config_path(path)
+    extra = _read_config(beside) if os.path.isfile(beside) else {}
     ids = tok.get_vocab(with_added_tokens=True)
 
     def encode(texts: list[str]) -> list[list[int]]:
@@ -191,8 +191,29 @@ def _load_hf(path: str) -> Tokenizer:
 
     eos, eos_missing = _special(ids, _EOS_NAMES, extra, "eos_token", beside)
     bos, bos_missing = _special(ids, _BOS_NAMES, extra, "bos_token", beside)
-    size = tok.get_vocab_size(with_added_tokens=True)
+    # one past the highest id, not the number of ids (get_vocab_size): a vocabulary may
+    # have gaps
+    size = max(ids.values(), default=-1) + 1
     return Tokenizer("hf", size, encode, eos, bos, eos_missing, bos_missing)
+
+
+def _config_path(path: str) -> str:
+    """The tokenizer_config.json beside an HF tokenizer.json: it names the EOS and BOS."""
+    return os.path.join(os.path.dirname(path), "tokenizer_config.json")
+
+
+def _read_config(path: str) -> dict[str, Any]:
+    """A tokenizer_config.json's settings; ConfigError naming it unless a JSON object."""
+    with open(path, "rb") as f:
+        loaded = load_json(f.read(), path, ConfigError)
+    if not isinstance(loaded, dict):
+        found = json.dumps(loaded)
+        raise ConfigError(
+            f"{path}: not a JSON object ({found if len(found) <= 40 else found[:37] + '...'}, "
+            f'expected an object of tokenizer settings such as {{"eos_token": "</s>"}})',
+            path=path,
+        )
+    return loaded
 
 
 def _load_sentencepiece(path: str) -> Tokenizer:
@@ -253,33 +274,62 @@ def _load_tiktoken(path: str) -> Tokenizer:
 
 def _read_ranks(path: str) -> dict[bytes, int]:
     """A tiktoken ranks file, read here: tiktoken's own loader goes through a copy in the
-    temp folder keyed by the path's name, so a file rewritten in place kept its old ranks."""
+    temp folder keyed by the path's name, so a file rewritten in place kept its old ranks.
+
+    Each token and each rank once, every rank in [0, 2**32) (tiktoken's u32), or ConfigError
+    naming the line: tiktoken panics on a rank given twice (a BaseException, past ``except
+    Exception``), overflows on one out of range, and a dict keeps the last of a token given
+    twice, losing its other rank silently.
+    """
     ranks: dict[bytes, int] = {}
+    token_lines: dict[bytes, int] = {}
+    rank_lines: dict[int, int] = {}
     with open(path, "rb") as f:  # readable: file_sha256 read it
         lines = f.read().splitlines()
     for number, line in enumerate(lines, 1):
         if not line:
             continue
-        parts = line.split()
         where = f"--tokenizer {path}: line {number}"
-        if len(parts) != 2:
+        token, rank = _rank_line(line, where, path)
+        if not 0 <= rank <= MAX_TOKEN_ID:
+            raise ConfigError(f"{where}: rank {rank} (expected 0 <= rank < 2**32)", path=path)
+        if rank in rank_lines:
             raise ConfigError(
-                f"{where}: {len(parts)} words (expected '<base64 token> <rank>': not a tiktoken "
-                f"ranks file, or a .json / .model tokenizer)",
+                f"{where}: rank {rank} given twice (first on line {rank_lines[rank]}; expected "
+                f"each rank once)",
                 path=path,
             )
-        token, rank = parts
-        try:
-            ranks[base64.b64decode(token, validate=True)] = int(rank)
-        except binascii.Error:
+        if token in token_lines:
             raise ConfigError(
-                f"{where}: {token.decode(errors='replace')!r} is not base64", path=path
-            ) from None
-        except ValueError:
-            raise ConfigError(
-                f"{where}: {rank.decode(errors='replace')!r} is not a rank", path=path
-            ) from None
+                f"{where}: token {token!r} given twice (first on line {token_lines[token]}; "
+                f"expected each token once)",
+                path=path,
+            )
+        ranks[token], token_lines[token], rank_lines[rank] = rank, number, number
     return ranks
+
+
+def _rank_line(line: bytes, where: str, path: str) -> tuple[bytes, int]:
+    """(token, rank) of a ranks file's ``<base64 token> <rank>`` line; ConfigError naming
+    ``where`` for any other."""
+    parts = line.split()
+    if len(parts) != 2:
+        raise ConfigError(
+            f"{where}: {len(parts)} words (expected '<base64 token> <rank>': not a tiktoken "
+            f"ranks file, or a .json / .model tokenizer)",
+            path=path,
+        )
+    token, rank = parts
+    try:
+        return base64.b64decode(token, validate=True), int(rank)
+    except binascii.Error:
+        raise ConfigError(
+            f"{where}: {token.decode(errors='replace')!r} is not base64", path=path
+        ) from None
+    except ValueError:
+        raise ConfigError(
+            f"{where}: {rank.decode(errors='replace')!r} is not a rank", path=path
+        ) from None
 
 
 _LOADERS: dict[TokenizerKind, Callable[[str], Tokenizer]] = {
@@ -287,7 +337,7 @@ _LOADERS: dict[TokenizerKind, Callable[[str], Tokenizer]] = {
     "sentencepiece": _load_sentencepiece,
     "tiktoken": _load_tiktoken,
 }
-_LOADED: dict[tuple[str, str], Tokenizer] = {}
+_LOADED: dict[tuple[str, str, str | None], Tokenizer] = {}
 
 
 def encode_threads(num_processes: int, num_cores: int | None = None) -> int:
@@ -308,6 +358,16 @@ def _num_cores() -> int:
     if sys.platform == "linux":
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+def _config_sha256(path: str) -> str | None:
+    """The sha256 of the tokenizer_config.json beside an HF tokenizer.json; None for another
+    kind of tokenizer or without one."""
+    beside = _config_path(path)
+    if tokenizer_kind(path) != "hf" or not os.path.isfile(beside):
+        return None
+    with open(beside, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 @contextlib.contextmanager
@@ -341,7 +401,8 @@ def cores_shared(num_processes: int) -> Iterator[int]:
 
 
 def load_tokenizer(path: str, sha256: str | None = None) -> Tokenizer:
-    """The tokenizer in ``path`` (cached per process by path and hash).
+    """The tokenizer in ``path`` (cached per process by path, hash and the hash of the
+    tokenizer_config.json beside an HF tokenizer.json, whose EOS / BOS it takes).
 
     Raises ConfigError for a missing or unreadable file, a missing extra, or (with
     ``sha256``) a file whose hash is not the one planned.
@@ -353,7 +414,7 @@ def load_tokenizer(path: str, sha256: str | None = None) -> Tokenizer:
             f"changed since planning)",
             path=path,
         )
-    key = (path, found)
+    key = (path, found, _config_sha256(path))
     if key not in _LOADED:
         _LOADED[key] = _LOADERS[tokenizer_kind(path)](path)
     return _LOADED[key]
@@ -368,8 +429,9 @@ class TokenizeConfig:
         text_field: the input field holding the text.
         out_field: the output field of token ids; ``dtype`` their dtype.
         append_eos / prepend_bos: add the tokenizer's own EOS / BOS ids;
-        eos_id / bos_id: the EOS / BOS id to use instead of the tokenizer's own, in
-            [0, `MAX_TOKEN_ID`] (past the vocabulary too: a model's padded vocabulary).
+        eos_id / bos_id: the EOS / BOS id to use instead of the tokenizer's own (as
+            planned: `with_specials`), in [0, `MAX_TOKEN_ID`] (past the vocabulary too: a
+            model's padded vocabulary).
         keep_fields: input fields copied to the output unchanged.
     """
 
@@ -414,6 +476,17 @@ class TokenizeConfig:
             raise ConfigError(f"--prepend-bos: {why} (expected one, or pass --bos-id N)")
         before = [bos] if self.prepend_bos and bos is not None else []
         return before, [eos] if self.append_eos and eos is not None else []
+
+    def with_specials(self, tok: Tokenizer) -> TokenizeConfig:
+        """This config with the ids it adds as ``eos_id`` / ``bos_id``: the tokenizer's own
+        as planned. Every worker then adds those, whatever the tokenizer_config.json beside
+        an HF tokenizer.json says by then, and the pack's fingerprint holds them (another
+        EOS is another pack). Raises ConfigError as `specials`.
+        """
+        before, after = self.specials(tok)
+        return replace(
+            self, bos_id=before[0] if before else None, eos_id=after[0] if after else None
+        )
 
     def metadata(self, tok: Tokenizer) -> dict[str, Any]:
         """What the manifest records about how the tokens were made."""

@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import struct
+import subprocess
 import sys
 import warnings
 import zlib
@@ -567,3 +568,183 @@ def test_exif_orientation_turns_the_image_before_the_fit(tmp_path, orientation):
     src.write_bytes(data)
     assert _pack(src, "-o", tmp_path / "ds", "--keep-encoded") == 0
     assert bytes(roxxel.open_dataset(tmp_path / "ds")[0]["image"]) == data
+
+
+# ---- issue 14 sweep: the working directory, big-endian TIFFs, EXIF warnings, other files ---
+
+
+def _small_tree(root: Path) -> Path:
+    """root/cat/a.png, root/dog/b.png and a stray root/README.txt."""
+    for i, (cls, name) in enumerate([("cat", "a.png"), ("dog", "b.png")]):
+        (root / cls).mkdir(parents=True)
+        (root / cls / name).write_bytes(_encoded("e.png", i))
+    (root / "README.txt").write_text("cats and dogs\n")
+    return root
+
+
+def _records(out: Path) -> tuple[Any, list[Any], dict[str, Any]]:
+    ds = roxxel.open_dataset(out)
+    rows = [{k: np.asarray(v).tolist() for k, v in ds[i].items()} for i in range(len(ds))]
+    return ds.schema.to_json(), rows, ds.metadata["images"]
+
+
+@pytest.mark.parametrize("spelling", [".", "./", "cat/..", "./dog/../."])
+def test_issue14_the_working_directory_as_an_image_folder_is_the_named_folder(
+    tmp_path, monkeypatch, capsys, spelling
+):
+    """``cd t && roxxel pack . --image-size 8`` dropped every class label (metadata labels
+    ``{}``, no label field) and stopped on ``./README.txt: a text input in an image pack``,
+    where ``roxxel pack t`` labelled cat 0 and dog 1 and passed the README over: the folder's
+    prefix was ``./`` while the file paths were normalised to ``cat/a.png``. Every spelling
+    of the working directory now packs as its name does, from the CLI and from ``roxxel.pack``."""
+    tree = _small_tree(tmp_path / "t")
+    monkeypatch.chdir(tmp_path)
+    assert main(["pack", "t", "-o", str(tmp_path / "named"), "--image-size", "8"]) == 0
+    assert "README.txt: a text file in an image folder" in capsys.readouterr().err
+    want = _records(tmp_path / "named")
+    assert want[0] == {"image": "uint8[3,8,8]", "label": "int64"}
+    assert want[2]["labels"] == {"cat": 0, "dog": 1}
+    monkeypatch.chdir(tree)
+    assert main(["pack", spelling, "-o", str(tmp_path / "cli"), "--image-size", "8"]) == 0
+    assert "README.txt: a text file in an image folder" in capsys.readouterr().err
+    assert _records(tmp_path / "cli") == want
+    roxxel.pack(spelling, tmp_path / "lib", image_size=8, workers=1)
+    assert _records(tmp_path / "lib") == want
+
+
+def test_issue14_folder_labels_and_image_folders_of_the_working_directory():
+    """``folder_labels(["."], ...)`` found no class and ``image_folder_inputs(["."], ...)``
+    kept the README: no normalised path starts with ``./``."""
+    assert folder_labels(["."], ["./cat/a.png", "dog/b.png"]) == {"cat": 0, "dog": 1}
+    assert folder_labels(["./"], ["./x.png"]) == {}
+    skipped: list[str] = []
+    found = [Input("./cat/a.png", "image"), Input("./README.txt", "text")]
+    assert image_folder_inputs(["."], found, skipped) == found[:1]
+    assert [line.split(":")[0] for line in skipped] == ["./README.txt"]
+
+
+def _tiff16(values: np.ndarray, mode: str) -> bytes:
+    """A 16-bit grayscale TIFF of mode ``I;16B`` (big-endian) or ``I;16`` (little-endian)."""
+    order = ">u2" if mode == "I;16B" else "<u2"
+    height, width = values.shape
+    buf = io.BytesIO()
+    Image.frombytes(mode, (width, height), values.astype(order).tobytes()).save(buf, "TIFF")
+    return buf.getvalue()
+
+
+def test_issue14_a_big_endian_16_bit_tiff_packs_as_its_little_endian_twin(tmp_path):
+    """A 16-bit big-endian grayscale TIFF (Pillow mode ``I;16B``) was refused "not a
+    decodable image (image has wrong mode)": ``getextrema`` does not take that mode. It maps
+    as its little-endian twin (``I;16``) does: ``v >> 8``."""
+    values = (np.arange(42, dtype=np.uint32).reshape(6, 7) * 1567 + 7).astype(np.uint16)
+    for mode in ("I;16B", "I;16"):
+        data = _tiff16(values, mode)
+        assert Image.open(io.BytesIO(data)).mode == mode
+        (tmp_path / f"{mode}.tif").write_bytes(data)
+        src, out = tmp_path / f"{mode}.tif", tmp_path / mode
+        assert _pack(src, "-o", out, "--image-size", "6x7", "--channels-last") == 0
+    big, little = (roxxel.open_dataset(tmp_path / m)[0]["image"] for m in ("I;16B", "I;16"))
+    np.testing.assert_array_equal(big, little)
+    np.testing.assert_array_equal(big, np.stack([values >> 8] * 3, axis=2).astype(np.uint8))
+
+
+def _corrupt_exif_jpegs() -> dict[str, bytes]:
+    """JPEGs whose EXIF block is broken two ways, Pillow warning on each: the orientation
+    entry's count made huge ("Tag data larger than file. Skipping tag 274"), the IFD's
+    number of entries made 200 ("Corrupt EXIF data")."""
+    data = _exif_jpeg(6)
+    tiff = data.find(b"Exif\0\0") + 6  # the TIFF header; its first IFD at +8 (Pillow's)
+    assert (
+        data[tiff : tiff + 8] == b"MM\0*\0\0\0\x08" and data[tiff + 10 : tiff + 12] == b"\x01\x12"
+    )
+    count = tiff + 8 + 2 + 4  # entry 0 (the orientation): tag, type, count, value
+    return {
+        "count.jpg": data[:count] + struct.pack(">I", 0x7FFFFFFF) + data[count + 4 :],
+        "entries.jpg": data[: tiff + 8] + struct.pack(">H", 200) + data[tiff + 10 :],
+    }
+
+
+def test_issue14_pillows_exif_warnings_stay_off_stderr(tmp_path):
+    """A photo with a corrupt EXIF block packed right, but Pillow's warnings reached the
+    pack's stderr as raw Python warning lines (``.../PIL/TiffImagePlugin.py:946:
+    UserWarning: Tag data larger than file. Skipping tag 274``, ``Corrupt EXIF data``)."""
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    files = _corrupt_exif_jpegs()
+    for name, data in files.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            Image.open(io.BytesIO(data)).getexif()
+        assert any("EXIF" in str(w.message) or "Tag data" in str(w.message) for w in caught)
+        (photos / name).write_bytes(data)
+    out = tmp_path / "ds"
+    argv = [sys.executable, "-m", "roxxel.cli", "pack", str(photos), "-o", str(out)]
+    done = subprocess.run(
+        [*argv, "--image-size", "8", "--workers", "1"], capture_output=True, text=True
+    )
+    assert done.returncode == 0 and "Warning" not in done.stderr, done.stderr
+    ds = roxxel.open_dataset(out)
+    for i, data in enumerate(files.values()):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            want = _reference(data, 8, 8).transpose(2, 0, 1)
+        np.testing.assert_array_equal(ds[i]["image"], want)
+
+
+def test_issue14_files_of_unknown_extensions_in_an_image_folder_are_listed(tmp_path, capsys):
+    """In an image folder ``README.txt`` was listed as passed over, but ``x.heic`` and
+    ``Thumbs.db`` vanished without a word (docs/cli.md: "passed over as files of unknown
+    extensions are, and listed"). Each is listed the way the README is."""
+    tree = _small_tree(tmp_path / "t")
+    (tree / "dog" / "x.heic").write_bytes(b"not decodable here")
+    (tree / "Thumbs.db").write_bytes(b"\0" * 16)
+    (tree / ".hidden.png").write_bytes(b"hidden files stay unlisted")
+    out = tmp_path / "ds"
+    assert main(["pack", str(tree), "-o", str(out), "--image-size", "8"]) == 0
+    prefix = "roxxel: skipped "
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith(prefix)]
+    listed = {line.removeprefix(prefix).split(": ")[0] for line in lines}
+    assert listed == {
+        str(tree / "README.txt"),
+        str(tree / "dog" / "x.heic"),
+        str(tree / "Thumbs.db"),
+    }
+    assert all("in an image folder (expected an image:" in line for line in lines)
+    assert ".heic'" in next(line for line in lines if "x.heic" in line)
+    assert len(roxxel.open_dataset(out)) == 2
+
+
+def test_issue14_files_of_unknown_extensions_elsewhere_stay_unlisted(tmp_path, capsys):
+    """Only an image folder lists them: a folder of JSON Lines passes its ``notes.md``
+    over without a word, as before."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.jsonl").write_text('{"x": 1}\n')
+    (tmp_path / "docs" / "notes.md").write_text("notes\n")
+    assert main(["pack", str(tmp_path / "docs"), "-o", str(tmp_path / "ds")]) == 0
+    assert "notes.md" not in capsys.readouterr().err
+
+
+def test_issue14_a_jfif_file_is_a_jpeg_image(tmp_path):
+    """``.jfif`` (a JPEG as Windows saves it, which Pillow opens as JPEG) vanished from an
+    image folder; it is an image extension."""
+    tree = _small_tree(tmp_path / "t")
+    data = _encoded("a.jpg", 5)
+    (tree / "dog" / "c.jfif").write_bytes(data)
+    out = tmp_path / "ds"
+    assert _pack(tree, "-o", out, "--image-size", "8") == 0
+    ds = roxxel.open_dataset(out)
+    assert len(ds) == 3 and ds[2]["label"] == 1
+    np.testing.assert_array_equal(ds[2]["image"], _reference(data, 8, 8).transpose(2, 0, 1))
+
+
+def test_issue14_a_folder_of_many_other_files_lists_the_first_and_counts_the_rest(tmp_path, capsys):
+    """A tree with an annotation beside every image (``a.xml``) listed every one of them,
+    a line each (a million lines for a large tree); now the first 20 and a count."""
+    tree = _small_tree(tmp_path / "t")
+    for i in range(30):
+        (tree / "cat" / f"n{i:02d}.xml").write_text("<a/>")
+    assert main(["pack", str(tree), "-o", str(tmp_path / "ds"), "--image-size", "8"]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    listed = [x for x in lines if x.startswith("roxxel: skipped ") and "image folder" in x]
+    assert len(listed) == 20
+    assert "roxxel: skipped 11 more files (--quiet hides these lines)" in lines

@@ -603,14 +603,25 @@ def _fingerprint(args: argparse.Namespace, units: list[WorkUnit], config: PackCo
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32]
 
 
+SKIPPED_LINES = 20  # the files passed over that are listed one by one; the rest counted
+
+
+def _say_skipped(skipped: list[str]) -> None:
+    for line in skipped[:SKIPPED_LINES]:
+        print(f"roxxel: skipped {line}", file=sys.stderr)
+    if len(skipped) > SKIPPED_LINES:
+        more = len(skipped) - SKIPPED_LINES
+        print(f"roxxel: skipped {more} more files (--quiet hides these lines)", file=sys.stderr)
+
+
 def _config(args: argparse.Namespace, out_dir: str) -> tuple[PackConfig, list[WorkUnit]]:
     skipped: list[str] = []
     inputs = expand_inputs(args.inputs, args.format, skipped)
     if args.image_size or args.keep_encoded:  # other files in an image folder: passed over
         folders = [a for a in args.inputs if os.path.isdir(a)]
         inputs = image_folder_inputs(folders, inputs, skipped)
-    for line in skipped if not args.quiet else []:
-        print(f"roxxel: skipped {line}", file=sys.stderr)
+    if not args.quiet:
+        _say_skipped(skipped)
     units = shuffle_units(
         cut_units(inputs, args.unit_bytes or args.shard_bytes), args.shuffle_input
     )

@@ -4,10 +4,11 @@ Inputs: image files (an ImageFolder-style tree: ``root/<class>/.../file.jpg``, l
 the class folder names sorted), or a column of image bytes in Parquet / Arrow / an HF
 ``save_to_disk`` dataset (an HF ``Image`` column is a ``{bytes, path}`` struct). Pack
 workers decode with Pillow (imported only then: the extra ``roxxel[images]``), turn it as
-its EXIF orientation says (``ImageOps.exif_transpose``, as HF datasets does), convert to
-RGB (16-bit integers by their high byte), center-crop to the target's aspect ratio and
-resize (``ImageOps.fit``; or, with ``pad``, resize inside and pad with black:
-``ImageOps.pad``), and store ``uint8[3,H,W]`` (``[H,W,3]`` with ``channels_last``);
+its EXIF orientation says (``ImageOps.exif_transpose``, as HF datasets does; Pillow's
+warnings about a corrupt EXIF block hidden), convert to RGB (16-bit integers, either byte
+order, by their high byte), center-crop to the target's aspect ratio and resize
+(``ImageOps.fit``; or, with ``pad``, resize inside and pad with black: ``ImageOps.pad``),
+and store ``uint8[3,H,W]`` (``[H,W,3]`` with ``channels_last``);
 ``keep_encoded`` stores the file's bytes after checking they decode. An image that does not
 decode (or is refused: a decompression bomb, floats, a path that does not open) is named
 (file, or file and row) and skipped with --skip-bad.
@@ -15,12 +16,14 @@ decode (or is refused: a decompression bomb, floats, a path that does not open) 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import io
 import os
 import re
 import stat
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
@@ -48,12 +51,23 @@ __all__ = [
     "image_folder_inputs",
     "image_records",
     "parse_image_size",
+    "passed_over_in_image_folder",
     "pillow",
     "read_image_file",
 ]
 
 EXTRA = "pip install 'roxxel[images]'"
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+IMAGE_EXTENSIONS = (
+    ".jpg",
+    ".jpeg",
+    ".jfif",  # a JPEG as Windows saves it: Pillow opens it by its bytes, like any JPEG
+    ".png",
+    ".bmp",
+    ".gif",
+    ".webp",
+    ".tif",
+    ".tiff",
+)
 MAX_SIDE = 1 << 14
 MAX_IMAGE_FILE_BYTES = 1 << 30  # an Image struct's path holding more is refused
 _IN_MEMORY = re.compile(r" ?<_io\.BytesIO object at 0x[0-9a-fA-F]+>")
@@ -92,6 +106,20 @@ def parse_image_size(text: str) -> tuple[int, int]:
     return sides
 
 
+def _folder_prefix(directory: str) -> str:
+    """What the normalised path of a file under ``directory`` starts with: the normalised
+    directory and a separator, or nothing for the working directory (``.``, ``./``,
+    ``cat/..``), whose files normalise to ``cat/a.png``.
+
+    >>> _folder_prefix("photos/"), _folder_prefix("./cat/.."), _folder_prefix("/")
+    ('photos/', '', '/')
+    """
+    norm = os.path.normpath(directory)
+    if norm == os.curdir:
+        return ""
+    return norm if norm.endswith(os.sep) else norm + os.sep
+
+
 def folder_labels(directories: list[str], files: list[str]) -> dict[str, int]:
     """``{class folder: label}`` for image files under ImageFolder-style directories.
 
@@ -101,7 +129,7 @@ def folder_labels(directories: list[str], files: list[str]) -> dict[str, int]:
     Raises ConfigError for such a mix. Work per file: string operations only (a tree of a
     million images is planned in seconds).
     """
-    roots = [os.path.normpath(d) + os.sep for d in directories]
+    roots = [_folder_prefix(d) for d in directories]
     classes: dict[str, str] = {}
     unlabelled: list[str] = []
     for path in files:
@@ -122,20 +150,30 @@ def folder_labels(directories: list[str], files: list[str]) -> dict[str, int]:
     return {folder: names.index(name) for folder, name in sorted(classes.items())}
 
 
+def passed_over_in_image_folder(path: str, what: str) -> str:
+    """The line that lists a file an image folder passes over, ``what`` it is.
+
+    >>> passed_over_in_image_folder("t/README.txt", "a text file")[:44]
+    't/README.txt: a text file in an image folder'
+    """
+    return f"{path}: {what} in an image folder (expected an image: {', '.join(IMAGE_EXTENSIONS)})"
+
+
 def image_folder_inputs(
     directories: list[str], inputs: list[Input], skipped: list[str]
 ) -> list[Input]:
     """The inputs of an image pack: in a directory argument that holds image files (an image
-    folder), the other files (``README.txt``, ``labels.jsonl``) are passed over like files
-    of unknown extensions, each described in ``skipped``. Other inputs are kept. Work per
-    file: string operations only.
+    folder), the other files (``README.txt``, ``labels.jsonl``) are passed over, each
+    described in ``skipped`` (as the walk describes those of unknown extensions:
+    `passed_over_in_image_folder`). Other inputs are kept. Work per file: string
+    operations only.
 
     >>> skipped = []
     >>> found = [Input("photos/a/x.jpg", "image"), Input("photos/notes.txt", "text")]
     >>> [i.path for i in image_folder_inputs(["photos"], found, skipped)], len(skipped)
     (['photos/a/x.jpg'], 1)
     """
-    roots = [os.path.normpath(d) + os.sep for d in directories]
+    roots = [_folder_prefix(d) for d in directories]
     norms = [os.path.normpath(i.path) for i in inputs]
     images = [n for n, i in zip(norms, inputs, strict=True) if i.kind == IMAGE.name]
     folders = tuple(r for r in roots if any(n.startswith(r) for n in images))
@@ -144,10 +182,7 @@ def image_folder_inputs(
         if item.kind == IMAGE.name or not norm.startswith(folders):
             kept.append(item)
         else:
-            skipped.append(
-                f"{item.path}: a {item.kind} file in an image folder (expected an image: "
-                f"{', '.join(IMAGE_EXTENSIONS)})"
-            )
+            skipped.append(passed_over_in_image_folder(item.path, f"a {item.kind} file"))
     return kept
 
 
@@ -207,6 +242,8 @@ def decode_image(data: bytes, config: ImageConfig) -> np.ndarray:
     size: Pillow's ``ImageOps.fit`` (center crop to the aspect ratio, then a bilinear
     resize), or ``ImageOps.pad`` (resize inside, pad with black) with ``config.pad``.
 
+    Pillow's warnings about what it passes over (a corrupt EXIF block) are hidden
+    (`_pillow_warnings_hidden`: not thread-safe; a pack decodes in one thread per process).
     Raises OSError / ValueError (Pillow's) when the bytes do not decode, ValueError for
     pixels without a known range (``_rgb``), ``DecompressionBombError`` for a size over
     Pillow's limit.
@@ -214,7 +251,7 @@ def decode_image(data: bytes, config: ImageConfig) -> np.ndarray:
     image_mod = pillow()
     ops = importlib.import_module("PIL.ImageOps")
     size, method = (config.width, config.height), image_mod.Resampling.BILINEAR
-    with image_mod.open(io.BytesIO(data)) as img:
+    with _pillow_warnings_hidden(), image_mod.open(io.BytesIO(data)) as img:
         img.load()
         ops.exif_transpose(img, in_place=True)  # in place: no copy without an orientation
         rgb = _rgb(img, image_mod)
@@ -226,15 +263,20 @@ def decode_image(data: bytes, config: ImageConfig) -> np.ndarray:
 def _rgb(img: Any, image_mod: ModuleType) -> Any:
     """An image as RGB: 8-bit modes as Pillow converts them (a transparency, dropped, is
     taken out of ``img.info`` first: no warning for a palette's alphas); 16-bit integers (modes
-    ``I;16*``, and ``I`` with values in [0, 65535]: older Pillows open a 16-bit PNG as
-    ``I``) by their high byte, ``v >> 8``, as Pillow reads a 16-bit RGB PNG itself.
+    ``I;16``, ``I;16L``, ``I;16B``, ``I;16N``: either byte order, and ``I`` with values in
+    [0, 65535]: older Pillows open a 16-bit PNG as ``I``) by their high byte, ``v >> 8``, as
+    Pillow reads a 16-bit RGB PNG itself.
 
     Raises ``_Refused`` (a ValueError) for floats (``F``) and ``I`` values outside
     [0, 65535]: their white is unknown, and ``convert`` would clip them at 255.
     """
     if img.mode == "RGB":
         return img  # convert would copy it
-    if img.mode not in ("I", "F") and not img.mode.startswith("I;16"):
+    if img.mode.startswith("I;16"):
+        # numpy reads each byte order as its values (``>u2`` for I;16B); Pillow's
+        # getextrema refuses I;16B, and a 16-bit value needs no range check
+        return _high_bytes(np.asarray(img), image_mod)
+    if img.mode not in ("I", "F"):
         # RGB has no transparency, and convert reads it only to warn ("Palette images with
         # Transparency expressed in bytes...") or keep it: the pixels are the same without
         img.info.pop("transparency", None)
@@ -245,12 +287,28 @@ def _rgb(img: Any, image_mod: ModuleType) -> Any:
             f"an image of mode {img.mode!r} (values in [{low}, {high}], expected 8-bit modes or "
             f"integers in [0, {SIXTEEN_BIT_MAX}]: the white of other values is unknown)"
         )
-    high_bytes = (np.asarray(img) >> 8).astype(np.uint8)
-    return image_mod.fromarray(high_bytes).convert("RGB")
+    return _high_bytes(np.asarray(img), image_mod)
+
+
+def _high_bytes(values: np.ndarray, image_mod: ModuleType) -> Any:
+    """RGB of 16-bit gray values (any integer dtype, either byte order): ``v >> 8``."""
+    return image_mod.fromarray((values >> 8).astype(np.uint8)).convert("RGB")
+
+
+@contextlib.contextmanager
+def _pillow_warnings_hidden() -> Iterator[None]:
+    """Pillow's ``UserWarning`` s ignored inside: what it passes over in a file it still
+    decodes ("Tag data larger than file. Skipping tag 274", "Corrupt EXIF data") would reach
+    a pack's stderr as raw Python warning lines, once per worker. Its
+    ``DecompressionBombWarning`` (a RuntimeWarning) still shows. Not thread-safe: Python's
+    ``warnings.catch_warnings`` swaps the process's filters."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"PIL\.")
+        yield
 
 
 def _check_decodes(data: bytes) -> None:
-    with pillow().open(io.BytesIO(data)) as img:
+    with _pillow_warnings_hidden(), pillow().open(io.BytesIO(data)) as img:
         img.load()
 
 

@@ -17,6 +17,7 @@ import stat
 from collections.abc import Iterator
 
 from roxxel.errors import ConfigError
+from roxxel.ingest.images import IMAGE, passed_over_in_image_folder
 from roxxel.ingest.infer import infer_schema
 from roxxel.ingest.registry import (
     directory_kind,
@@ -92,8 +93,11 @@ def _not_regular(path: str) -> str | None:
 
 def _walk(directory: str, kind: InputKind | None, skipped: list[str]) -> list[str]:
     """Regular files under ``directory`` (sorted; hidden names left out) that ``kind``, or
-    their extension, selects; what else was passed over goes to ``skipped``."""
+    their extension, selects. What else was passed over goes to ``skipped``; files of
+    unknown extensions only when the walk found image files (an image folder lists all its
+    other files: the rest in `image_folder_inputs`), else they pass over without a word."""
     found: list[str] = []
+    unknown: list[str] = []
     for root, dirs, files in os.walk(directory):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in dirs:  # os.walk does not follow them: say so
@@ -103,14 +107,25 @@ def _walk(directory: str, kind: InputKind | None, skipped: list[str]) -> list[st
                 )
         for name in sorted(files):
             path = os.path.join(root, name)
-            if name.startswith(".") or (kind is None and kind_of_path(name) is None):
+            if name.startswith("."):
+                continue
+            if kind is None and kind_of_path(name) is None:
+                unknown.append(path)
                 continue
             why = _not_regular(path)
             if why is None:
                 found.append(path)
             else:
                 skipped.append(f"{path}: {why} (expected a regular file)")
+    if unknown and any(kind_of_path(f) is IMAGE for f in found):
+        skipped += [_unknown_in_image_folder(p) for p in unknown]
     return found
+
+
+def _unknown_in_image_folder(path: str) -> str:
+    ext = os.path.splitext(path)[1].lower()
+    what = f"a file of unknown extension {ext!r}" if ext else "a file without an extension"
+    return passed_over_in_image_folder(path, what)
 
 
 def _expand_one(arg: str, kind: InputKind | None, skipped: list[str]) -> list[Input]:

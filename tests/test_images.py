@@ -238,8 +238,14 @@ def test_issue14_missing_pillow_says_which_extra(folder, tmp_path, monkeypatch, 
 
 
 @pytest.mark.parametrize("flag", ["--channels-last", "--image-pad"])
-def test_issue14_image_options_without_image_size_are_usage_errors(folder, tmp_path, flag):
+def test_issue14_image_options_without_image_size_are_usage_errors(folder, tmp_path, flag, capsys):
+    """With --keep-encoded the error said "expected --image-size HxW", which
+    --keep-encoded refuses: it says the option shapes decoded pixels."""
     assert _pack(folder, "-o", tmp_path / "ds", "--keep-encoded", flag) == 2
+    err = capsys.readouterr().err
+    assert f"{flag}: kept-encoded images have no pixels to" in err
+    assert _pack(folder, "-o", tmp_path / "ds", flag) == 2
+    assert f"{flag}: expected --image-size HxW" in capsys.readouterr().err
 
 
 def test_issue14_speed_folder_labels_are_string_work_per_file(monkeypatch):

@@ -346,8 +346,11 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError(
             "--append-eos/--prepend-bos/--eos-id/--bos-id/--keep-field: expected --tokenizer"
         )
-    if (args.channels_last or args.image_pad) and not args.image_size:
-        raise UsageError("--channels-last/--image-pad: expected --image-size HxW")
+    for flag, given in (("--channels-last", args.channels_last), ("--image-pad", args.image_pad)):
+        if given and args.keep_encoded:
+            raise UsageError(f"{flag}: kept-encoded images have no pixels to lay out or pad")
+        if given and not args.image_size:
+            raise UsageError(f"{flag}: expected --image-size HxW")
     if args.keep_encoded and args.image_size:
         raise UsageError("--keep-encoded and --image-size: keep the bytes or decode to pixels")
     if args.field and args.keep_field:

@@ -346,13 +346,7 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError(
             "--append-eos/--prepend-bos/--eos-id/--bos-id/--keep-field: expected --tokenizer"
         )
-    for flag, given in (("--channels-last", args.channels_last), ("--image-pad", args.image_pad)):
-        if given and args.keep_encoded:
-            raise UsageError(f"{flag}: kept-encoded images have no pixels to lay out or pad")
-        if given and not args.image_size:
-            raise UsageError(f"{flag}: expected --image-size HxW")
-    if args.keep_encoded and args.image_size:
-        raise UsageError("--keep-encoded and --image-size: keep the bytes or decode to pixels")
+    _check_image_flags(args)
     if args.field and args.keep_field:
         named = parse_field_flags(args.field)
         missing = [k for k in args.keep_field if k not in named]
@@ -363,6 +357,16 @@ def _check_args(args: argparse.Namespace) -> None:
             )
     if args.storage_options is not None and not is_url(args.output):
         raise UsageError(f"--storage-options with -o {args.output}: expected -o URL")
+
+
+def _check_image_flags(args: argparse.Namespace) -> None:
+    if args.keep_encoded and args.image_size:
+        raise UsageError("--keep-encoded and --image-size: keep the bytes or decode to pixels")
+    for flag, given in (("--channels-last", args.channels_last), ("--image-pad", args.image_pad)):
+        if given and args.keep_encoded:
+            raise UsageError(f"{flag}: kept-encoded images have no pixels to lay out or pad")
+        if given and not args.image_size:
+            raise UsageError(f"{flag}: expected --image-size HxW")
 
 
 def _check_values(args: argparse.Namespace) -> None:

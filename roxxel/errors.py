@@ -30,9 +30,12 @@ __all__ = [
     "without_credentials",
 ]
 
-# the user-info part of a URL in a text ("https://user:secret@host/..."); a scheme of at
-# least two letters, so a Windows drive ("C:\\data") is not one
-_USER_INFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]+://)[^/@\s]+@")
+# the user-info part of a URL in a text ("https://user:secret@host/..."), up to the last
+# '@' as URL parsers read it: of the authority, or with a password (a ':' before any '/') of
+# the whole word, so a raw '@' or '/' in a password shows nothing of it (a path's '@' is
+# masked with it, the safe side). A scheme of at least two letters, so a Windows drive
+# ("C:\\data") is not one.
+_USER_INFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]+://)(?:[^/@\s:]*:\S*|[^/\s]+)@")
 
 
 def without_credentials(text: str) -> str:

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import roxxel
-from roxxel.errors import FormatError
+from roxxel.errors import FormatError, without_credentials
 from roxxel.format.cache import CacheConfig, ShardCache
 from roxxel.format.dataset import Dataset
 from roxxel.format.remote import FetchPolicy, RemoteStore
@@ -217,3 +217,26 @@ def test_push_prints_no_password_of_its_url(served, capsys):
     assert main(["push", str(local), f"memory://me:{PASSWORD}@host/pushed", "-q"]) == 0
     out, err = capsys.readouterr()
     assert PASSWORD not in out + err and "memory://***@host/pushed: " in out
+
+
+@pytest.mark.parametrize(
+    ("url", "secret"),
+    [
+        ("http://me:PW@SECRET@127.0.0.1:5555/bucket1/ds", "SECRET"),  # a raw '@' in it
+        ("http://me:SEC/RET@127.0.0.1:1/ds/manifest.json", "RET"),  # a raw '/' in it
+        ("http://TO@KEN@127.0.0.1/ds", "KEN"),  # a token as the user, with an '@'
+        ("https://me:s3cret@host/ds", "s3cret"),
+    ],
+)
+def test_issue15_no_part_of_a_password_with_an_at_or_a_slash_is_shown(url, secret):
+    """A password holding a raw '@' showed from it on (`http://***@SECRET@...`): URL
+    parsers end the user part at the last '@'; one holding a '/' showed whole."""
+    shown = without_credentials(f"{url}: unreachable after 4 attempts")
+    assert (
+        secret not in shown and "***@" in shown and shown.endswith(": unreachable after 4 attempts")
+    )
+    assert repr(RemoteStore(url)).count(secret) == 0
+
+
+def test_issue15_an_at_in_a_path_is_not_taken_for_a_password():
+    assert without_credentials("s3://bucket/key@v1.rxs: M7") == "s3://bucket/key@v1.rxs: M7"

@@ -501,10 +501,11 @@ def test_issue15_a_cached_shard_damaged_on_the_local_disk_is_fetched_again(
     spoil = _damage_index if damage == "index" else _corrupt_record_byte
     spoil(shard)
     dataset = roxxel.open_dataset(url, cache_dir=tmp_path)
-    if damage == "record":  # only a check of every record sees it
+    if damage == "record":  # only a check of every record sees it (it fetches every shard)
         assert dataset.verify() == []
     assert _labels(dataset) == want
-    assert dataset.cache is not None and dataset.cache.num_fetched == 1
+    fetched = dataset.num_shards if damage == "record" else 1
+    assert dataset.cache is not None and dataset.cache.num_fetched == fetched
     del dataset
     gc.collect()
     spoil(shard)
@@ -1753,3 +1754,26 @@ def test_issue15_a_download_process_that_cannot_start_is_tried_once(monkeypatch)
     assert direct._getter() is None and direct._getter() is None and len(tries) == 1
     odd = {"config_kwargs": {"read_timeout": "soon"}}  # botocore names it, not this path
     assert direct.direct_reader("s3", _Signer(1), odd) is None
+
+
+def test_issue15_verify_of_a_url_checks_what_the_url_holds_not_an_older_cached_copy(
+    local, tmp_path, capsys
+):
+    """With every shard cached, `roxxel verify URL` and `dataset.verify()` said OK after a
+    shard was damaged and another deleted on the store: they checked the cached copies.
+    They fetch every shard again, so a damaged or missing object at the URL is reported."""
+    from roxxel.cli import main
+
+    store = tmp_path / "store" / "ds"
+    shutil.copytree(local, store)
+    url, cache = f"file://{store}", tmp_path / "cache"
+    _cached(url, cache, 0)
+    names = [e.path for e in roxxel.open_dataset(store).manifest.shards]
+    _corrupt_record_byte(store / names[1])
+    (store / names[2]).unlink()
+    assert main(["verify", url, "--cache-dir", str(cache), "--workers", "1"]) == 1
+    out = capsys.readouterr().out
+    assert f"{url}/{names[1]}" in out and f"{url}/{names[2]}" in out
+    assert "2 corruptions in 2 of" in out
+    found = roxxel.open_dataset(url, cache_dir=cache).verify()
+    assert sorted({c.path.rsplit("/", 1)[-1] for c in found}) == [names[1], names[2]]

@@ -244,16 +244,15 @@ class Dataset(RecordSource):
             return [c for shard in found for c in shard]
 
     def verify_shard(self, k: int) -> list[Corruption]:
-        """Shard ``k``'s corruptions (`verify` of one shard). A cached copy with any was
-        damaged on this disk since its fetch (which checks every record): it is replaced
-        from the URL and checked again, so only what the URL holds is reported."""
-        found = self._corruptions(k)
-        if found and self.cache is not None:
+        """Shard ``k``'s corruptions (`verify` of one shard). A dataset at a URL is checked
+        where it lives: the shard is fetched again (its cached copy replaced by what the URL
+        holds now), so neither a copy cached before the object changed or went, nor one
+        damaged on this disk since, decides what is reported."""
+        if self.cache is not None:
             with self._lock:
-                self._shards[k] = None  # views of the damaged copy keep reading it
+                self._shards[k] = None  # views of the old copy keep reading it
             self.cache.discard(self.manifest.shards[k])
-            found = self._corruptions(k)
-        return found
+        return self._corruptions(k)
 
     def _corruptions(self, k: int) -> list[Corruption]:
         try:

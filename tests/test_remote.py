@@ -1777,3 +1777,11 @@ def test_issue15_verify_of_a_url_checks_what_the_url_holds_not_an_older_cached_c
     assert "2 corruptions in 2 of" in out
     found = roxxel.open_dataset(url, cache_dir=cache).verify()
     assert sorted({c.path.rsplit("/", 1)[-1] for c in found}) == [names[1], names[2]]
+
+
+@pytest.mark.parametrize("options", ["x", [("anon", True)], 3])
+def test_issue15_storage_options_not_a_mapping_is_a_config_error(local, tmp_path, options):
+    """A string was `ValueError: dictionary update sequence element #0 ...` (no RoxxelError,
+    no name), and a list of pairs passed as if it were a mapping."""
+    with pytest.raises(roxxel.RoxxelError, match=r"storage_options: .* \(expected a mapping\)"):
+        roxxel.open_dataset(f"file://{local}", cache_dir=tmp_path, storage_options=options)

@@ -185,6 +185,7 @@ class CacheConfig:
             raise ConfigError(
                 f"storage_options: {type(self.storage_options).__name__} (expected a mapping)"
             )
+        object.__setattr__(self, "storage_options", dict(self.storage_options))  # a copy
 
     @property
     def folder(self) -> Path:

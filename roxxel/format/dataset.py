@@ -383,7 +383,7 @@ def open_dataset(
     config = CacheConfig(
         str(path),
         Path(cache_dir) if cache_dir is not None else default_cache_dir(),
-        dict(storage_options or {}),
+        {} if storage_options is None else storage_options,
         cache_limit_bytes,
     )
     return Dataset(

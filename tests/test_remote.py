@@ -1785,3 +1785,14 @@ def test_issue15_storage_options_not_a_mapping_is_a_config_error(local, tmp_path
     no name), and a list of pairs passed as if it were a mapping."""
     with pytest.raises(roxxel.RoxxelError, match=r"storage_options: .* \(expected a mapping\)"):
         roxxel.open_dataset(f"file://{local}", cache_dir=tmp_path, storage_options=options)
+
+
+def test_issue15_pull_into_a_folder_it_cannot_make_names_no_cache_option(local, capsys):
+    """`roxxel pull URL /proc/x` said "expected a writable cache_dir ... or set
+    cache_limit_bytes": options pull does not have."""
+    from roxxel.cli import main
+
+    assert main(["pull", f"file://{local}", "/proc/x"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("roxxel pull: error: /proc/x: cannot write the shards there")
+    assert "cache_dir" not in err

@@ -677,8 +677,9 @@ def _writing(path: Path) -> Iterator[None]:
         yield
     except OSError as e:
         raise ConfigError(
-            f"{path}: cannot write the cache ({e.strerror or e}, expected a writable cache_dir "
-            "with room for the shards read: free space, or set cache_limit_bytes)",
+            f"{path}: cannot write the shards there ({e.strerror or e}, expected a writable"
+            " folder with room for them: free space there, or for a cache set"
+            " cache_limit_bytes)",
             path=path,
         ) from None
 

@@ -2,7 +2,8 @@
 
 ``roxxel pack ... -o DIR`` then ``roxxel push DIR s3://bucket/ds`` is how a pack lands in
 object storage: a push that was killed leaves no manifest at the URL, so nothing opens there
-until a later push completes (`roxxel.format.upload`).
+until a later push completes (`roxxel.format.upload`). Ctrl-C ends it at once (exit 130):
+the uploads in flight are abandoned, and the manifest never goes up after them.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import argparse
 import sys
 
 from roxxel.cli.args import storage_options
-from roxxel.errors import without_credentials
-from roxxel.format.upload import upload_dataset
+from roxxel.errors import ConfigError, without_credentials
+from roxxel.format.remote import is_url
+from roxxel.format.upload import check_destination, upload_dataset
 
 __all__ = ["add_push_parser"]
 
@@ -40,6 +42,13 @@ def add_push_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
+    if is_url(args.dir):
+        raise ConfigError(
+            f"DIR: {args.dir!r} is a URL (expected a local dataset folder; `roxxel pull URL"
+            " DIR` stages one)"
+        )
+    check_destination(args.url, "URL:")
+
     def progress(done: int, total: int) -> None:
         if not args.quiet:
             print(f"roxxel push: {done}/{total} shards", file=sys.stderr)

@@ -6,6 +6,14 @@ each upload retried, its size checked on the server), and the manifest goes up l
 PUT. So a dataset whose upload was killed mid-way has no manifest and never opens (rule M1);
 a reader of an old manifest that meets a new shard refuses it (its checksums differ, M9).
 Objects of an older dataset that the new manifest does not list are left where they are.
+A ``file://`` URL that is the dataset's own folder is refused before anything is touched.
+
+Every upload is bounded like a read (`RemoteStore`): on S3 its body goes out at once, without
+``Expect: 100-continue``, whose "100 Continue" aiohttp would wait for with no timeout at all
+(it starts the read timeout once the body is sent), so a store that stopped answering fails
+after ``attempts`` read timeouts. Uploads run in daemon threads that only the caller waits
+for: a failure or a Ctrl-C ends `put_files` at once, and the uploads left running are
+abandoned (they end with their timeouts or the process; the manifest is never put after them).
 
 The object helpers below (`put_files`, `put_bytes`, `remove_object`, `list_objects`,
 `published_trailer`) are the same protocol in pieces, for ``roxxel pack -o URL`` whose tasks
@@ -15,18 +23,21 @@ upload their shards and markers separately (`roxxel.ingest.parts`).
 from __future__ import annotations
 
 import os
+import queue
+import shutil
+import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from roxxel.errors import ConfigError, check_int, without_credentials
+from roxxel.errors import ConfigError, FormatError, check_int, without_credentials
 from roxxel.format.dataset import Dataset
 from roxxel.format.manifest import MANIFEST_NAME
 from roxxel.format.remote import FetchPolicy, RemoteStore, is_url, join_url
 from roxxel.format.spec import HEADER_BYTES, TRAILER_BYTES, Trailer, fail, parse_trailer
 
 __all__ = [
+    "check_destination",
     "list_objects",
     "published_trailer",
     "put_bytes",
@@ -36,6 +47,8 @@ __all__ = [
 ]
 
 Progress = Callable[[int, int], None]  # (shards uploaded, shards in all)
+
+_POLL_S = 0.05  # how often a wait for uploads looks for a Ctrl-C (`_thread.interrupt_main`)
 
 
 def upload_dataset(
@@ -53,16 +66,23 @@ def upload_dataset(
     uploaded. ``on_shard(done, total)`` is called after each shard, from this thread.
 
     Raises:
-        FormatError: the local dataset breaks a rule.
-        ConfigError: ``url`` is not a URL, or ``workers`` < 1.
+        FormatError: the local dataset breaks a rule (also a shard deleted or changed while
+            it uploads: M7, M8, naming the local file).
+        ConfigError: ``path`` is a URL, ``url`` is no URL of a bucket or folder (or is the
+            dataset's own folder), or ``workers`` < 1.
         ConnectionError: the store stayed unreachable (see `RemoteStore`); run again.
     """
-    if not is_url(url):
-        raise ConfigError(f"upload_dataset: {url!r} is not a URL (expected e.g. s3://bucket/ds)")
+    if is_url(path):
+        raise ConfigError(
+            f"upload_dataset: path {path!r} is a URL (expected a local dataset folder;"
+            " `roxxel pull URL DIR` stages one)"
+        )
+    check_destination(url)
     check_int("workers", workers, 1, 256)
     dataset = Dataset(path)
     store = RemoteStore(url, storage_options, policy)
-    fs, root = store.filesystem()
+    _check_not_itself(store, dataset.path)
+    fs, root = _filesystem(store)
     target = f"{root.rstrip('/')}/{MANIFEST_NAME}"
     manifest_url = join_url(url, MANIFEST_NAME)
     _make_folder(store, url, root)
@@ -76,6 +96,25 @@ def upload_dataset(
     return len(entries)
 
 
+def check_destination(url: str, where: str = "upload_dataset: url") -> None:
+    """Raise a `ConfigError` naming ``where`` unless ``url`` is a URL with a bucket or folder
+    after its scheme (``s3://`` alone would put objects at ``s3:/<name>``, ``file:///`` in
+    the root folder).
+
+    >>> check_destination("s3://bucket/ds")
+    >>> check_destination("s3://")  # doctest: +IGNORE_EXCEPTION_DETAIL
+    Traceback (most recent call last):
+    roxxel.errors.ConfigError: upload_dataset: url 's3://' names no bucket or folder (...)
+    """
+    if not is_url(url):
+        raise ConfigError(f"{where} {url!r} is not a URL (expected e.g. s3://bucket/ds)")
+    if not url.split("://", 1)[1].strip("/"):
+        raise ConfigError(
+            f"{where} {url!r} names no bucket or folder (expected a bucket or folder after"
+            " the scheme, e.g. s3://bucket/ds)"
+        )
+
+
 def put_files(
     store: RemoteStore,
     folder: Path,
@@ -84,23 +123,65 @@ def put_files(
     workers: int = 8,
     on_file: Progress | None = None,
 ) -> None:
-    """Upload the files ``(name, num_bytes)`` of ``folder`` under the store's folder, in
-    parallel, each retried and its size checked on the server.
+    """Upload the files ``(name, num_bytes)`` of ``folder`` under the store's folder,
+    ``workers`` at a time, each retried and its size checked on the server; ``on_file(done,
+    total)`` after each, from this thread.
+
+    The uploads run in daemon threads and this thread only waits for them: the first failure
+    or a Ctrl-C (KeyboardInterrupt) ends the call at once, no queued upload starts, and the
+    running ones are abandoned (module docstring).
 
     Raises:
         ConnectionError: the store stayed unreachable, or holds another size after a put.
+        FormatError: a local file was deleted or changed while it uploaded (M7, M8).
+        ConfigError: the store has no place for a file, or the file at the URL is the
+            local file itself.
     """
-    with ThreadPoolExecutor(workers, "roxxel-upload") as pool:
-        jobs = [pool.submit(_put, store, folder / name, name, size) for name, size in files]
-        for done, job in enumerate(as_completed(jobs), 1):
-            job.result()
+    todo: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
+    for item in files:
+        todo.put(item)
+    ended: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
+    stop = threading.Event()
+
+    def upload() -> None:
+        while not stop.is_set():
+            try:
+                name, num_bytes = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                _put(store, folder / name, name, num_bytes)
+            except BaseException as exc:  # raised in the caller's thread
+                ended.put(exc)
+                return
+            ended.put(None)
+
+    try:
+        for _ in range(min(workers, len(files))):
+            threading.Thread(target=upload, name="roxxel-upload", daemon=True).start()
+        for done in range(1, len(files) + 1):
+            failed = _next(ended)
+            if failed is not None:
+                raise failed
             if on_file is not None:
                 on_file(done, len(files))
+    finally:
+        stop.set()
+
+
+def _next(ended: queue.SimpleQueue[BaseException | None]) -> BaseException | None:
+    """The next upload's outcome; a wait a Ctrl-C ends (a blocking get would wait for the
+    upload first where no signal interrupts it: `_thread.interrupt_main`)."""
+    while True:
+        try:
+            return ended.get(timeout=_POLL_S)
+        except queue.Empty:
+            continue
 
 
 def put_bytes(store: RemoteStore, name: str, data: bytes) -> None:
     """Write object ``name`` of the store's folder in one PUT (retried)."""
-    fs, root = store.filesystem()
+    fs, root = _filesystem(store)
     target = f"{root.rstrip('/')}/{name}"
     where = join_url(store.url, name)
     if "/" in name:
@@ -126,9 +207,47 @@ def _make_folder(store: RemoteStore, where: str, folder: str) -> None:
     stores have no folders to make, and s3fs's ``makedirs`` creates a *bucket*: a typo in
     a bucket's name would quietly make a new one."""
     fs, _ = store.filesystem()
-    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
-    if protocols & {"file", "local"}:
+    if _is_local(fs):
         store.retry(where, lambda: fs.makedirs(folder, exist_ok=True))
+
+
+def _is_local(fs: Any) -> bool:
+    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+    return bool(protocols & {"file", "local"})
+
+
+def _check_not_itself(store: RemoteStore, folder: Path) -> None:
+    """Refuse a ``file://`` URL that is the dataset's own ``folder`` (also through a link or
+    ``..``): the push would remove its manifest first, then copy each shard onto itself.
+    A folder inside the other is no harm: shards and manifest are plain names (M5)."""
+    fs, root = store.filesystem()
+    if _is_local(fs) and Path(root).resolve() == folder.resolve():
+        raise ConfigError(
+            f"{store.url}: the dataset's own folder ({folder}, expected a URL outside the"
+            " dataset pushed)",
+            path=store.url,
+        )
+
+
+def _filesystem(store: RemoteStore) -> tuple[Any, str]:
+    """The store's filesystem, set (on s3) to send a PUT's body at once (module docstring).
+    Set on the client in use before each PUT: s3fs makes a new one after its session closed.
+    """
+    fs, root = store.filesystem()
+    if store.url.split("://", 1)[0] in ("s3", "s3a"):  # the client is made here, if new
+        store.retry(
+            store.url,
+            lambda: fs.s3.meta.events.register(
+                "before-send.s3", _without_expect, unique_id="roxxel-upload-without-expect"
+            ),
+        )
+    return fs, root
+
+
+def _without_expect(request: Any, **_: Any) -> None:
+    """botocore's ``before-send`` hook: no ``Expect: 100-continue`` (a header SigV4 does not
+    sign), so aiohttp sends the body and its read timeout bounds the wait for the answer."""
+    request.headers.pop("Expect", None)
 
 
 def remove_object(store: RemoteStore, name: str) -> None:
@@ -180,15 +299,48 @@ def published_trailer(store: RemoteStore, name: str, num_bytes: int) -> Trailer:
 
 
 def _put(store: RemoteStore, local: Path, name: str, num_bytes: int) -> None:
-    """Upload one shard and check the server holds all of its bytes."""
-    fs, root = store.filesystem()
+    """Upload one shard and check the server holds all of its bytes. A failure is first
+    laid at the local file's door if it changed (`_changed`), never taken for an outage."""
+    fs, root = _filesystem(store)
     remote = f"{root.rstrip('/')}/{name}"
     where = join_url(store.url, name)
-    _written(store, where, lambda: fs.put_file(str(local), remote))
+
+    def put() -> None:
+        try:
+            fs.put_file(str(local), remote)
+        except shutil.SameFileError:  # file://: the object is this file (a hard link, say)
+            raise ConfigError(
+                f"{where}: the same file as {local} (expected a URL outside the dataset pushed)",
+                path=where,
+            ) from None
+        except Exception:
+            changed = _changed(local, num_bytes)
+            if changed is not None:
+                raise changed from None
+            raise
+
+    _written(store, where, put)
     size = store.size(name)
     if size != num_bytes:
+        changed = _changed(local, num_bytes)
+        if changed is not None:
+            raise changed
         raise ConnectionError(  # not a RoxxelError, so masked here
             without_credentials(
                 f"{where}: the server holds {size} bytes after the upload (expected {num_bytes})"
             )
         )
+
+
+def _changed(local: Path, num_bytes: int) -> FormatError | None:
+    """The error of a local shard deleted (M7) or resized (M8) since the push checked it;
+    None while it is there with its ``num_bytes``."""
+    try:
+        found = local.stat().st_size
+    except FileNotFoundError:
+        what, rule = "shard listed in the manifest is missing (deleted while it uploaded", "M7"
+    else:
+        if found == num_bytes:
+            return None
+        what, rule = f"changed while it uploaded ({found} bytes, expected {num_bytes}", "M8"
+    return FormatError(f"{local}: {what}; rule {rule} of docs/format.md)", rule=rule, path=local)

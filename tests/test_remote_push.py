@@ -17,11 +17,10 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import ClassVar
 
-import numpy as np
 import pytest
 
 import roxxel
@@ -30,35 +29,14 @@ from roxxel.format import upload
 from roxxel.format.manifest import MANIFEST_NAME
 from roxxel.format.remote import FetchPolicy, RemoteStore
 from roxxel.format.upload import put_files, upload_dataset
+from tests.test_remote_stops import CREDENTIALS, HELD_S, _write, serving
 
 pytest.importorskip("fsspec")
-
-CREDENTIALS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
-NUM_RECORDS = 200
-HELD_S = 60  # how long a held-back answer waits at most (the tests end long before)
 
 
 @pytest.fixture
 def local(tmp_path) -> Path:
-    with roxxel.DatasetWriter(tmp_path / "ds", {"tokens": "int32[]"}, shard_bytes=1 << 12) as w:
-        for i in range(NUM_RECORDS):
-            w.write({"tokens": np.arange(i % 17, dtype=np.int32) + i})
-    return tmp_path / "ds"
-
-
-@pytest.fixture
-def ctrl_c() -> Iterator[None]:
-    """SIGINT raises KeyboardInterrupt here, and the processes started here take it as
-    Python does, also where the suite runs with SIGINT ignored (a shell's background job)."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    return _write(tmp_path / "ds")
 
 
 class _Silent(BaseHTTPRequestHandler):
@@ -99,15 +77,11 @@ class _Silent(BaseHTTPRequestHandler):
 def silent() -> Iterator[int]:
     pytest.importorskip("s3fs")
     _Silent.release, _Silent.asked, _Silent.puts = threading.Event(), threading.Event(), []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Silent)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield server.server_address[1]
-    finally:
-        _Silent.release.set()
-        server.shutdown()
-        server.server_close()
+    with serving(_Silent) as port:
+        try:
+            yield port
+        finally:
+            _Silent.release.set()
 
 
 def _push(local: Path, url: str, options: dict) -> list[str]:

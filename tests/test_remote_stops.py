@@ -10,16 +10,18 @@ answers a signed URL, holding back the shards' bodies while the test says so.
 from __future__ import annotations
 
 import _thread
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from socketserver import BaseRequestHandler
 
 import numpy as np
 import pytest
@@ -49,17 +51,6 @@ def _write(path: Path) -> Path:
 @pytest.fixture
 def local(tmp_path) -> Path:
     return _write(tmp_path / "bucket" / "ds")
-
-
-@pytest.fixture
-def ctrl_c() -> Iterator[None]:
-    """SIGINT raises KeyboardInterrupt here, and the processes started here take it as
-    Python does, also where the suite runs with SIGINT ignored (a shell's background job)."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture
@@ -149,15 +140,22 @@ class _Bucket(SimpleHTTPRequestHandler):
 def bucket(local) -> Iterator[int]:
     pytest.importorskip("s3fs")
     _Bucket.release, _Bucket.asked = threading.Event(), threading.Event()
-    server = ThreadingHTTPServer(
-        ("127.0.0.1", 0), partial(_Bucket, directory=str(local.parent.parent))
-    )
+    with serving(partial(_Bucket, directory=str(local.parent.parent))) as port:
+        try:
+            yield port
+        finally:
+            _Bucket.release.set()
+
+
+@contextlib.contextmanager
+def serving(handler: Callable[..., BaseRequestHandler]) -> Iterator[int]:
+    """An HTTP server on 127.0.0.1 answering with ``handler``: its port, while inside."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield server.server_address[1]
     finally:
-        _Bucket.release.set()
         server.shutdown()
         server.server_close()
 

@@ -309,3 +309,18 @@ def test_issue15_remote_pack_rerun_counts_the_units_the_url_holds(tmp_path, caps
     assert units > 1
     assert main(args) == 0
     assert f"; {units} more work units were at the URL already" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("url", ["s3://", "s3:///", "file://"])
+def test_issue15_remote_pack_to_a_url_naming_no_place_is_refused(
+    inputs, url, tmp_path, monkeypatch, capsys
+):
+    """`pack -o s3://` asked for `s3:/.roxxel-pack/plan.json`; `-o file:///` packed into the
+    root folder (`/part-000000-0000.rxs`, `/.roxxel-pack/`), `file://` into the working one."""
+    from roxxel.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["pack", inputs[0], "-o", url, *PACK_FLAGS]) in (1, 2)
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "names no bucket or folder" in err, err
+    assert os.listdir(tmp_path) == []

@@ -30,6 +30,7 @@ from roxxel.errors import ConfigError
 from roxxel.format.cache import CacheConfig, default_cache_dir
 from roxxel.format.remote import RemoteStore, is_url
 from roxxel.format.schema import Schema
+from roxxel.format.upload import check_destination
 from roxxel.format.writer import parse_compress
 from roxxel.ingest.images import (
     ImageConfig,
@@ -357,6 +358,8 @@ def _check_args(args: argparse.Namespace) -> None:
             )
     if args.storage_options is not None and not is_url(args.output):
         raise UsageError(f"--storage-options with -o {args.output}: expected -o URL")
+    if is_url(args.output):
+        check_destination(args.output, "-o")
 
 
 def _check_image_flags(args: argparse.Namespace) -> None:

@@ -1796,3 +1796,12 @@ def test_issue15_pull_into_a_folder_it_cannot_make_names_no_cache_option(local, 
     err = capsys.readouterr().err.strip()
     assert err.startswith("roxxel pull: error: /proc/x: cannot write the shards there")
     assert "cache_dir" not in err
+
+
+def test_issue15_a_url_with_no_dataset_says_what_to_check(tmp_path):
+    """`s3://nosuchbucket/ds` said only "no manifest: not a roxxel dataset (rule M1)", with
+    no hint that the bucket, a typo in the prefix or an unfinished upload may be why."""
+    with pytest.raises(roxxel.FormatError) as caught:
+        roxxel.open_dataset(f"file://{tmp_path}/nosuchbucket/ds", cache_dir=tmp_path / "c")
+    assert caught.value.rule == "M1"
+    assert "check the bucket, the prefix, and that its upload or pack ended" in str(caught.value)

@@ -238,7 +238,9 @@ class ShardCache:
             data = self.store.read(MANIFEST_NAME, 0, MANIFEST_MAX_BYTES + 1)
         except FileNotFoundError:
             raise FormatError(
-                f"{where}: no manifest: not a roxxel dataset (rule M1 of docs/format.md)",
+                f"{where}: no manifest: not a roxxel dataset (rule M1 of docs/format.md;"
+                " expected the URL of one: check the bucket, the prefix, and that its upload"
+                " or pack ended)",
                 rule="M1",
                 path=where,
             ) from None

@@ -663,3 +663,10 @@ def test_issue13_item10_plan_plot_without_matplotlib_fails_before_the_report(
     assert rc == 1 and out == ""
     assert "pip install 'roxxel[plot]'" in err and err.count("\n") == 1
     assert not (tmp_path / "s.png").exists()
+
+
+def test_issue15_cat_of_an_empty_dataset_says_it_is_empty(tmp_path, capsys):
+    """It said "expected -0 <= INDEX < 0"."""
+    roxxel.DatasetWriter(tmp_path / "ds", {"x": "int64"}).close()
+    assert main(["cat", str(tmp_path / "ds"), "0"]) == 1
+    assert "index 0 (expected none: it is empty)" in capsys.readouterr().err

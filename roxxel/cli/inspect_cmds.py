@@ -212,9 +212,8 @@ def cmd_cat(args: argparse.Namespace) -> int:
         try:
             record = ds[index]
         except IndexError:
-            raise ConfigError(
-                f"{args.dataset}: index {index} (expected -{len(ds)} <= INDEX < {len(ds)})"
-            ) from None
+            expected = f"-{len(ds)} <= INDEX < {len(ds)}" if len(ds) else "none: it is empty"
+            raise ConfigError(f"{args.dataset}: index {index} (expected {expected})") from None
         fields = {f.name: f for f in ds.schema}
         if args.json:
             doc = {n: _json_value(v, fields[n].kind) for n, v in record.items()}

@@ -175,6 +175,37 @@ def _offsets(layout: RowSpec, num_rows: int) -> tuple[list[int], int]:
     return offsets, max(position, ALIGN)
 
 
+class _Channel:
+    """A bounded FIFO between threads whose every wait is one C call: items and free
+    places are two `queue.SimpleQueue`s (a `queue.Queue` runs a Python condition per put
+    and get, which holds the GIL the host threads' numpy calls let go of)."""
+
+    def __init__(self, size: int) -> None:
+        self._items: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._room: queue.SimpleQueue[None] = queue.SimpleQueue()
+        for _ in range(size):
+            self._room.put(None)
+
+    def put(self, item: object, timeout: float) -> None:
+        """Raises `queue.Empty` when no place was free within ``timeout`` seconds."""
+        self._room.get(timeout=timeout)
+        self._items.put(item)
+
+    def get(self, timeout: float) -> object:
+        """Raises `queue.Empty` when nothing came within ``timeout`` seconds."""
+        item = self._items.get(timeout=timeout)
+        self._room.put(None)
+        return item
+
+    def get_nowait(self) -> object:
+        item = self._items.get_nowait()
+        self._room.put(None)
+        return item
+
+    def empty(self) -> bool:
+        return self._items.empty()
+
+
 class _Failure:
     __slots__ = ("error",)
 
@@ -227,13 +258,15 @@ class Prefetcher:
         self._timings = timings if timings is not None else Timings()
         self._stop = threading.Event()
         self._done = False
-        self._turn = threading.Condition()
-        self._next_begin, self._over = start, False  # guarded by _turn
+        # the turn to call begin passes from producer i to i + 1 (a C wait, as _Channel's)
+        self._batons: list[queue.SimpleQueue[None]] = [queue.SimpleQueue() for _ in range(threads)]
+        self._batons[0].put(None)
+        self._over = False  # set before the turn passes on: begin's stream ended or failed
         # producer i's items, in its steps' order: the consumer (or finish) takes them in turn
         waiting = depth if finish is None else handoff
-        self._stripes = [queue.Queue(maxsize=-(-waiting // threads)) for _ in range(threads)]
+        self._stripes = [_Channel(-(-waiting // threads)) for _ in range(threads)]
         self._taken = 0  # items taken from the stripes (by get, or by the finishing thread)
-        self._queue: queue.Queue[object] | None = None  # finish's output
+        self._queue: _Channel | None = None  # finish's output
         names = ["roxxel-loader"] if threads == 1 else [f"roxxel-host-{i}" for i in range(threads)]
         self._producers = [
             threading.Thread(target=self._run, args=(start + i, i), name=name, daemon=True)
@@ -241,7 +274,7 @@ class Prefetcher:
         ]
         self._threads = list(self._producers)
         if finish is not None:
-            self._queue = queue.Queue(maxsize=depth)
+            self._queue = _Channel(depth)
             self._threads.append(
                 threading.Thread(
                     target=self._finish, args=(finish,), name="roxxel-placer", daemon=True
@@ -285,7 +318,7 @@ class Prefetcher:
             return entry
 
     def _take_finished(self) -> object:
-        out = cast(queue.Queue, self._queue)
+        out = cast(_Channel, self._queue)
         while True:
             try:
                 return out.get(timeout=0.1)
@@ -322,19 +355,18 @@ class Prefetcher:
         out, every = self._stripes[index], len(self._stripes)
         try:
             with stoppable_waits(self._stop):  # close does not wait for a shard's download
-                self._produce(step, out, every)
+                self._produce(step, index, every)
             self._put(out, _END)
         except BaseException as error:  # handed to the consumer at its step, never dropped
-            with self._turn:
-                self._over = True  # the other producers stop at their next turn
-                self._turn.notify_all()
+            self._over = True  # the other producers stop at their next turn
             self._put(out, _Failure(error))
 
-    def _produce(self, step: int, out: queue.Queue, every: int) -> None:
+    def _produce(self, step: int, index: int, every: int) -> None:
         """Make this producer's items, ``every`` steps apart from ``step``, until the end or
         a stop."""
+        out = self._stripes[index]
         while not self._stop.is_set():
-            job = self._begin_in_turn(step)
+            job = self._begin_in_turn(step, index)
             if job is None:
                 return
             item = job()
@@ -346,29 +378,32 @@ class Prefetcher:
             del item
             step += every
 
-    def _begin_in_turn(self, step: int) -> Callable[[], object] | None:
-        """``begin(step)`` once ``begin(step - 1)`` returned; None at the end or on stop."""
-        with self._turn:
-            while self._next_begin != step and not self._over:
+    def _begin_in_turn(self, step: int, index: int) -> Callable[[], object] | None:
+        """``begin(step)`` once ``begin(step - 1)`` returned (producer ``index`` holds the
+        turn); None at the end or on stop."""
+        turn = self._batons[index]
+        while True:
+            try:
+                turn.get(timeout=0.1)
+                break
+            except queue.Empty:
                 if self._stop.is_set():
                     return None
-                self._turn.wait(0.1)
+        try:
             if self._over:
                 return None
-            try:
-                job = self._begin(step)
-            except BaseException:
-                self._over = True
-                raise
-            finally:
-                self._next_begin = step + 1
-                self._turn.notify_all()
+            job = self._begin(step)
             if job is None:
                 self._over = True
             return job
+        except BaseException:
+            self._over = True
+            raise
+        finally:
+            self._batons[(index + 1) % len(self._batons)].put(None)
 
     def _finish(self, finish: Callable[[int, Any], object]) -> None:
-        out = cast(queue.Queue, self._queue)
+        out = cast(_Channel, self._queue)
         while not self._stop.is_set():
             entry = self._take()
             if entry is _END or isinstance(entry, _Failure):
@@ -390,12 +425,12 @@ class Prefetcher:
     def _counted(self, began: float) -> None:
         self._timings.made(time.perf_counter() - began)
 
-    def _put(self, out: queue.Queue[object], entry: object) -> None:
+    def _put(self, out: _Channel, entry: object) -> None:
         while not self._stop.is_set():
             try:
                 out.put(entry, timeout=0.1)
                 return
-            except queue.Full:
+            except queue.Empty:
                 continue
 
 

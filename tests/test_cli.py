@@ -670,3 +670,76 @@ def test_issue15_cat_of_an_empty_dataset_says_it_is_empty(tmp_path, capsys):
     roxxel.DatasetWriter(tmp_path / "ds", {"x": "int64"}).close()
     assert main(["cat", str(tmp_path / "ds"), "0"]) == 1
     assert "index 0 (expected none: it is empty)" in capsys.readouterr().err
+
+
+# ---- user sweep: schema inference places, -o a file, --input-field where it names nothing ----
+
+
+def test_an_ambiguous_field_names_the_file_and_line_it_shows_in(tmp_path, capsys):
+    """`schema inference: field 'x' is ambiguous (...)` named neither file nor line, though
+    every other refusal of the pack's input does."""
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"x": 1, "s": "a"}\n{"x": 2, "s": "b"}\n{"x": "three", "s": "c"}\n')
+    assert _run("pack", str(path), "-o", str(tmp_path / "ds"), "-q") == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"{path}:3: schema inference: field 'x' is ambiguous (mixed kinds" in err
+    assert err.endswith("e.g. --field x:int64 --field s:str)"), err
+    nulls = tmp_path / "n.jsonl"
+    nulls.write_text('{"s": "a", "u": "x"}\n{"s": "b", "u": null}\n')
+    assert _run("pack", str(nulls), "-o", str(tmp_path / "ds"), "-q") == 1
+    err = capsys.readouterr().err.strip()
+    assert f"{nulls}:2: schema inference: field 'u' is null (expected a value" in err, err
+    assert "--field s:str" in err and "--field u:" not in err and "--map" in err
+
+
+@pytest.mark.parametrize("under", [False, True])
+def test_pack_into_a_file_is_refused_up_front_naming_o(tmp_path, capsys, under):
+    """`-o afile` (a file) said `[Errno 20] Not a directory: 'afile/.roxxel-pack'` after
+    planning the pack; `roxxel pull` words the same case `DIR: 'x' is not a folder (...)`."""
+    corpus = _corpus(tmp_path / "in", num_files=1, num_lines=3)
+    afile = tmp_path / "afile"
+    afile.write_text("x\n")
+    out = afile / "sub" if under else afile
+    # --input-field x alone would be refused (exit 2) once the inputs are read: -o is first
+    assert _run("pack", corpus, "-o", out, "-q", "--input-field", "x") == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Errno" not in err, err
+    assert err.startswith(f"roxxel pack: error: -o: {str(out)!r} is not a folder"), err
+    assert "expected a local folder to pack into, or a URL)" in err
+    assert afile.read_text() == "x\n"
+
+
+def test_input_field_on_inputs_without_a_single_field_is_a_usage_error(tmp_path, capsys):
+    """`--input-field foo` on a JSONL input was silently ignored: it names the one field of
+    text, text-file, npy and megatron records (and the image field of an image pack)."""
+    corpus = _corpus(tmp_path / "in", num_files=1, num_lines=3)
+    out = tmp_path / "ds"
+    assert _run("pack", corpus, "-o", out, "-q", "--input-field", "foo") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "--input-field foo" in err and "jsonl" in err and "text, text-file, npy" in err
+    assert not out.exists()
+    (tmp_path / "in" / "b.txt").write_text("one\ntwo\n")
+    assert _run("pack", tmp_path / "in" / "b.txt", "-o", out, "-q", "--input-field", "foo") == 0
+    assert roxxel.open_dataset(out)[1] == {"foo": "two"}
+
+
+def test_merge_into_a_file_is_refused_naming_o(tmp_path, capsys):
+    """`roxxel merge PART -o afile` said `[Errno 20] Not a directory: 'afile/.roxxel-pack'`,
+    as `pack -o afile` did."""
+    corpus = _corpus(tmp_path / "in", num_files=2, num_lines=3)
+    part = tmp_path / "part"
+    argv = ["pack", corpus, "-o", part, "-q", *PACK_FIELDS, "--unit-bytes", "1"]
+    assert _run(*argv, "--num-tasks", "2", "--task-index", "0") == 0
+    assert _run(*argv, "--num-tasks", "2", "--task-index", "1") == 0
+    afile = tmp_path / "afile"
+    afile.write_text("x\n")
+    assert _run("merge", part, "-o", afile, "-q") == 1
+    err = capsys.readouterr().err.strip()
+    assert (
+        err
+        == f"roxxel merge: error: -o: {str(afile)!r} is not a folder (expected a local folder to merge into)"
+    )
+    assert afile.read_text() == "x\n"
+    assert _run("merge", part, "-o", tmp_path / "ds", "-q") == 0

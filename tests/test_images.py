@@ -754,3 +754,33 @@ def test_issue14_a_folder_of_many_other_files_lists_the_first_and_counts_the_res
     listed = [x for x in lines if x.startswith("roxxel: skipped ") and "image folder" in x]
     assert len(listed) == 20
     assert "roxxel: skipped 11 more files (--quiet hides these lines)" in lines
+
+
+def test_an_image_over_pillows_limit_but_under_twice_packs_without_its_warning(tmp_path):
+    """A 12000x10000 PNG (between once and twice ``PIL.Image.MAX_IMAGE_PIXELS``) packed, but
+    Pillow's ``DecompressionBombWarning`` reached stderr as two raw lines (a path and
+    ``warnings.warn(``) through ``-q``, which prints nothing but errors and skipped-record
+    reports. The limit is lowered here (Pillow reads it on every open) to keep the image
+    small; over twice the limit stays refused (`test_a_decompression_bomb_is_a_bad_...`)."""
+    photos = tmp_path / "img6"
+    photos.mkdir()
+    Image.new("L", (15, 10), 7).save(photos / "big.png")  # 150 pixels: in (100, 200]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        limit = Image.MAX_IMAGE_PIXELS
+        Image.MAX_IMAGE_PIXELS = 100
+        try:
+            Image.open(photos / "big.png").close()
+        finally:
+            Image.MAX_IMAGE_PIXELS = limit
+    assert [w.category for w in caught] == [Image.DecompressionBombWarning]
+    out = tmp_path / "z1"
+    script = (
+        "import sys, PIL.Image; PIL.Image.MAX_IMAGE_PIXELS = 100; "
+        "from roxxel.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    argv = ["pack", str(photos), "-o", str(out), "-q", "--image-size", "8", "--workers", "1"]
+    done = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    ds = roxxel.open_dataset(out)
+    assert len(ds) == 1 and ds[0]["image"].shape == (3, 8, 8) and (ds[0]["image"] == 7).all()

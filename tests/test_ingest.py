@@ -428,3 +428,47 @@ def test_infer_ambiguous_asks_for_field(records):
 def test_infer_needs_records():
     with pytest.raises(ConfigError, match="no records"):
         infer_schema([])
+
+
+# ---- user sweep: where schema inference saw the ambiguity; invalid UTF-8 in JSONL ----------
+
+
+@pytest.mark.parametrize(
+    ("records", "at", "example"),
+    [
+        ([{"u": "a"}, {"u": "b"}, {"u": 1}], 2, "--field u:str"),
+        ([{"u": [1]}, {"u": [[1]]}], 1, "--field u:int64[]"),
+        ([{"u": [1.5]}, {"u": "x"}], 1, "--field u:float64[]"),
+        ([{"u": []}, {"u": []}], 0, "--field u:int64[]"),
+        ([{"u": 1}, {"v": 1}], 1, "--field u:int64"),
+    ],
+)
+def test_an_ambiguous_field_example_fits_its_values_and_names_the_sample(records, at, example):
+    """The hint was always `e.g. --field url:int32[]`, even for a field of strings."""
+    with pytest.raises(ConfigError) as e:
+        infer_schema(records, where=lambda i: f"in.jsonl:{i + 1}")
+    message = str(e.value)
+    assert message.startswith(f"in.jsonl:{at + 1}: schema inference: field "), message
+    assert "pass --field" in message and message.endswith(f"e.g. {example})"), message
+
+
+def test_an_ambiguous_field_hint_lists_the_fields_the_pack_gives():
+    with pytest.raises(ConfigError, match=r"e\.g\. --field tokens:uint16\[\] --field u:str\)$"):
+        infer_schema([{"u": "a"}, {"u": 2}], given={"tokens": "uint16[]"})
+
+
+@pytest.mark.parametrize("with_orjson", [True, False])
+def test_jsonl_invalid_utf8_is_named_as_such(tmp_path, monkeypatch, with_orjson):
+    """A JSONL line of bytes that are not UTF-8 said `malformed JSON (str is not valid UTF-8:
+    surrogates not allowed ...)`; a .txt line of the same bytes says `invalid UTF-8 (...
+    can't decode byte 0xff ...)`. Both say it that way now."""
+    path = tmp_path / "badutf.jsonl"
+    path.write_bytes(b'{"text":"ok"}\n\xff\xfe{"text":"x"}\n')
+    if not with_orjson:
+        monkeypatch.setattr(ingest_text, "orjson", None)
+    with pytest.raises(ConfigError, match=r"badutf\.jsonl:2: invalid UTF-8 \(.*byte 0xff"):
+        _records([Input(str(path), "jsonl")])
+    bad = BadRecords()
+    got = _records([Input(str(path), "jsonl")], opts=ReadOptions(skip_bad=True), bad=bad)
+    assert [r for r, _ in got] == [{"text": "ok"}]
+    assert bad.count == 1 and "invalid UTF-8" in bad.first[0]

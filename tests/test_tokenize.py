@@ -966,3 +966,88 @@ def test_issue14_a_token_field_flag_not_of_integer_ids_is_a_usage_error(toks, tm
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f'{schema}: tokens = "float32[]"' in err
     assert not (tmp_path / "ds").exists()
+
+
+# ---- user sweep: special ids against the token dtype, empty ranks, kept-field inference ----
+
+
+@pytest.mark.parametrize("flag", ["--eos-id", "--bos-id"])
+def test_a_special_id_the_token_field_cannot_hold_is_refused_before_packing(
+    toks, tmp_path, capsys, flag
+):
+    """`--field tokens:int16[] --eos-id 40000` printed a note (kept, tokens stored as int16),
+    then stopped at record 1 (`token id 40000 (expected <= 32767 ...)`), leaving a
+    `.roxxel-pack` folder. The special ids are known at planning: refused there, as the
+    other --field conflicts (a usage error, exit 2), nothing written."""
+    src, out = _jsonl(tmp_path / "c.jsonl", _texts(3)), tmp_path / "ds"
+    argv = ["pack", str(src), "-o", str(out), "--tokenizer", str(toks["hf"])]
+    assert main([*argv, "--field", "tokens:int16[]", flag, "40000"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "note" not in err, err
+    assert f"{flag} 40000" in err and "tokens:int16[]" in err and "32767" in err
+    assert not out.exists()
+    schema = tmp_path / "s.toml"
+    schema.write_text('[fields]\ntokens = "int16[]"\n')
+    assert main([*argv, "--schema", str(schema), flag, "40000", "-q"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(schema) in err and f"{flag} 40000" in err
+    assert not out.exists()
+
+
+def test_the_tokenizers_own_eos_the_token_field_cannot_hold_is_refused(toks, tmp_path, capsys):
+    """The same for the EOS a tokenizer_config.json names (id 500 here) and `uint8[]`."""
+    path, ids = _hf_with_eos_tokens(toks, tmp_path)
+    (path.parent / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    src, out = _jsonl(tmp_path / "c.jsonl", _texts(3)), tmp_path / "ds"
+    argv = [src, "-o", out, "--tokenizer", path, "--append-eos", "--field", "tokens:uint8[]"]
+    assert _pack(*argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"EOS id {ids['</s>']}" in err and "255" in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("text", ["", "\n\n"])
+def test_an_empty_tiktoken_ranks_file_says_it_holds_no_ranks(tmp_path, capsys, text):
+    """An empty ranks file said `not a tiktoken ranks file (max() arg is an empty
+    sequence)`: tiktoken's own words for a dict with no entry."""
+    ranks = tmp_path / "empty.tiktoken"
+    ranks.write_text(text)
+    src = _jsonl(tmp_path / "c.jsonl", ["the fox"])
+    assert _pack(src, "-o", tmp_path / "ds", "--tokenizer", ranks) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "max()" not in err, err
+    assert f"--tokenizer {ranks}: holds no ranks" in err
+    with pytest.raises(ConfigError, match=r"empty\.tiktoken: holds no ranks"):
+        load_tokenizer(str(ranks))
+
+
+def test_a_null_kept_field_names_its_line_and_asks_to_drop_or_fill_it(toks, tmp_path, capsys):
+    """`--keep-field url` over `{"text": "a", "url": null}` said `schema inference: field
+    'url' is ambiguous (null values, ... e.g. --field url:int32[])`: no file, no line, and a
+    hint that fails twice (--field then lacks tokens; no field type holds a null)."""
+    src = tmp_path / "c.jsonl"
+    src.write_text('{"text": "a", "url": "x"}\n{"text": "b", "url": null}\n')
+    argv = [src, "-o", tmp_path / "ds", "--tokenizer", toks["hf"], "--keep-field", "url"]
+    assert _pack(*argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "int32[]" not in err, err
+    assert f"{src}:2: --keep-field url: null" in err and "--map" in err
+    assert not (tmp_path / "ds").exists()
+
+
+def test_an_ambiguous_kept_field_hint_lists_the_token_field_too(toks, tmp_path, capsys):
+    """In a --tokenizer pack the hint `--field ids:SPEC` then failed: --field gives the whole
+    schema, so it needs `tokens` (and every kept field) too. The hint lists them all, and
+    following it packs."""
+    src = tmp_path / "c.jsonl"
+    src.write_text("".join(json.dumps({"text": t, "ids": [], "n": 3}) + "\n" for t in "abc"))
+    argv = [src, "-o", tmp_path / "ds", "--tokenizer", toks["hf"]]
+    assert _pack(*argv, "--keep-field", "n", "--keep-field", "ids") == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"{src}:1: schema inference: field 'ids' is ambiguous" in err
+    hint = "e.g. --field tokens:uint16[] --field n:int64 --field ids:int64[])"
+    assert err.endswith(hint), err
+    given = hint.removeprefix("e.g. ").removesuffix(")").split()
+    assert _pack(*argv, *given, "--keep-field", "n", "--keep-field", "ids") == 0
+    assert roxxel.open_dataset(tmp_path / "ds")[0]["n"] == 3

@@ -16,6 +16,7 @@ from itertools import islice
 from pathlib import Path
 from typing import NoReturn
 
+import numpy as np
 from tqdm import tqdm
 
 from roxxel.cli.args import (
@@ -50,6 +51,7 @@ from roxxel.ingest.inputs import (
     infer_schema,
     input_schema,
     kind_names,
+    locate,
 )
 from roxxel.ingest.pack import (
     PackConfig,
@@ -360,6 +362,18 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--storage-options with -o {args.output}: expected -o URL")
     if is_url(args.output):
         check_destination(args.output, "-o")
+    else:
+        _check_folder(args.output, "a local folder to pack into, or a URL")
+
+
+def _check_folder(output: str, rule: str) -> None:
+    """Refuse ``-o`` naming a file, or a path under one, before any work: the pack would
+    plan it all, then fail at its first mkdir (``[Errno 20] Not a directory``)."""
+    path = Path(output)
+    there = next((p for p in (path, *path.parents) if p.exists()), path)
+    if there.exists() and not there.is_dir():
+        under = "" if there == path else f"{str(there)!r} is not one, "
+        raise ConfigError(f"-o: {output!r} is not a folder ({under}expected {rule})")
 
 
 def _check_image_flags(args: argparse.Namespace) -> None:
@@ -396,14 +410,22 @@ def _schema(
     if own is not None:
         return _transformed(own, config), "from the input's own types"
     records = (
-        r for u in units for r, _, _ in mapped_records(u, _untokenized(config), BadRecords(), [0])
+        located
+        for u in units
+        for located in mapped_records(u, _untokenized(config), BadRecords(), [0])
     )
-    samples = list(islice(records, SAMPLE_RECORDS))
+    located = list(islice(records, SAMPLE_RECORDS))
+    samples = [r for r, _, _ in located]
+
+    def where(i: int) -> str:  # sample i's file and line (or row), for messages
+        return locate(*located[i][1:])
+
     if config.tokenize is not None:
         keep = TokenizeConfig.from_json(config.tokenize).keep_fields
         if not keep:
             return _transformed({}, config), "from --tokenizer"
         samples = [{k: r[k] for k in keep if k in r} for r in samples]
+        _check_kept_nulls(samples, where)
     if config.images is not None:  # its spec is known: the other fields are inferred
         field = ImageConfig.from_json(config.images).field
         samples = [{k: v for k, v in r.items() if k != field} for r in samples]
@@ -412,8 +434,23 @@ def _schema(
         fixed_arrays=fixed_arrays(units),
         int_dtype=args.int_dtype,
         float_dtype=args.float_dtype,
+        given=_transformed({}, config),
+        where=where,
     )
     return _transformed(spec, config), f"inferred from the first {len(samples)} records"
+
+
+def _check_kept_nulls(samples: list[dict[str, object]], where: Callable[[int], str]) -> None:
+    """Refuse a --keep-field null in a sample, naming its record (``where``): no field type
+    holds a null, so --field, which schema inference would ask for, cannot help."""
+    for i, sample in enumerate(samples):
+        name = next((k for k, v in sample.items() if v is None), None)
+        if name is not None:
+            raise ConfigError(
+                f"{where(i)}: --keep-field {name}: null (expected a value in every record: no "
+                f"field type holds a null; drop --keep-field {name}, or fill its nulls with "
+                f"--map)"
+            )
 
 
 def _check_given_schema(
@@ -494,8 +531,32 @@ def _tokenize(args: argparse.Namespace) -> dict[str, object] | None:
         bos_id=args.bos_id,
         keep_fields=tuple(args.keep_field),
     ).with_specials(tok)
+    _check_special_ids(args, config)
     _note_past_vocabulary(args, tok.vocab_size, config.dtype)
     return dataclasses.asdict(config)
+
+
+def _check_special_ids(args: argparse.Namespace, config: TokenizeConfig) -> None:
+    """Refuse an EOS / BOS id the token dtype of --field or --schema cannot hold before any
+    work: it is in every record, so the pack would stop at the first. A UsageError for
+    --field, a ConfigError naming the --schema file (as `_token_dtype`)."""
+    high = int(np.iinfo(config.dtype).max)
+    for name, flag, value in (
+        ("EOS", "--eos-id", config.eos_id),
+        ("BOS", "--bos-id", config.bos_id),
+    ):
+        if value is None or value <= high:
+            continue
+        given = args.eos_id if flag == "--eos-id" else args.bos_id
+        who = f"{flag} {value}" if given is not None else f"the tokenizer's {name} id {value}"
+        rule = (
+            f"{who} does not fit {config.dtype} (expected ids <= {high}: a wider dtype, e.g. "
+            f"{config.out_field}:{token_dtype(value + 1)}[])"
+        )
+        if args.field:
+            raise UsageError(f"--field {config.out_field}:{config.dtype}[]: {rule}")
+        spec = f'{config.out_field} = "{config.dtype}[]"'
+        raise ConfigError(f"{args.schema}: {spec}: {rule}", path=args.schema)
 
 
 def _note_past_vocabulary(args: argparse.Namespace, vocab_size: int, dtype: str) -> None:
@@ -632,6 +693,8 @@ def _config(args: argparse.Namespace, out_dir: str) -> tuple[PackConfig, list[Wo
         inputs = image_folder_inputs(folders, inputs, skipped)
     if not args.quiet:
         _say_skipped(skipped)
+    if args.input_field is not None and not (args.image_size or args.keep_encoded):
+        _check_input_field(args.input_field, inputs)
     units = shuffle_units(
         cut_units(inputs, args.unit_bytes or args.shard_bytes), args.shuffle_input
     )
@@ -657,6 +720,20 @@ def _config(args: argparse.Namespace, out_dir: str) -> tuple[PackConfig, list[Wo
         print(f"schema ({source}): " + ", ".join(f"{k}:{v}" for k, v in schema.items()))
     config = _reading(args, dataclasses.replace(config, schema=schema), schema)
     return dataclasses.replace(config, fingerprint=_fingerprint(args, units, config)), units
+
+
+_ONE_FIELD = ("text", "text-file", "npy", "megatron")  # input kinds --input-field names
+
+
+def _check_input_field(name: str, inputs: list[Input]) -> None:
+    """Refuse ``--input-field`` where no input has the one field it names (an image pack
+    names its image field with it, whatever the inputs: not checked here)."""
+    if inputs and not any(i.kind in _ONE_FIELD for i in inputs):
+        raise UsageError(
+            f"--input-field {name}: names no field of a {inputs[0].kind} input "
+            f"({inputs[0].path}; expected text, text-file, npy or megatron inputs, whose "
+            f"records have one field, or an image pack)"
+        )
 
 
 def _reading(args: argparse.Namespace, config: PackConfig, schema: dict[str, str]) -> PackConfig:
@@ -846,6 +923,7 @@ def _say(args: argparse.Namespace, line: str) -> None:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
+    _check_folder(args.output, "a local folder to merge into")
     manifest = merge([Path(p) for p in args.parts], Path(args.output), args.overwrite)
     _say(args, f"{manifest}: written from {len(args.parts)} part directories")
     return 0

@@ -299,11 +299,14 @@ def _high_bytes(values: np.ndarray, image_mod: ModuleType) -> Any:
 def _pillow_warnings_hidden() -> Iterator[None]:
     """Pillow's ``UserWarning`` s ignored inside: what it passes over in a file it still
     decodes ("Tag data larger than file. Skipping tag 274", "Corrupt EXIF data") would reach
-    a pack's stderr as raw Python warning lines, once per worker. Its
-    ``DecompressionBombWarning`` (a RuntimeWarning) still shows. Not thread-safe: Python's
-    ``warnings.catch_warnings`` swaps the process's filters."""
+    a pack's stderr as raw Python warning lines, once per worker. So is its
+    ``DecompressionBombWarning`` (a RuntimeWarning) for an image between once and twice
+    ``MAX_IMAGE_PIXELS``, which Pillow decodes: over twice it raises, and the pack names
+    the image. Not thread-safe: Python's ``warnings.catch_warnings`` swaps the process's
+    filters."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=UserWarning, module=r"PIL\.")
+        warnings.filterwarnings("ignore", category=pillow().DecompressionBombWarning)
         yield
 
 

@@ -5,19 +5,21 @@ Python ints become ``int_dtype`` (int64 by default: JSON has no integer widths),
 float. Floats become ``float_dtype`` (float64); numpy values keep their dtype; lists become variable-length arrays (``int64[]``,
 ``float64[,3]``); rows of one numpy array (npy/npz) become fixed-shape fields. Anything
 that does not decide one spec (mixed kinds, only empty lists, a field missing from some
-records, nested objects) raises ConfigError asking for ``--field NAME:SPEC``. Records are
-then projected onto the schema's fields (JSON int lists become arrays of the field dtype;
-JSON ``true``/``false`` for a number field, an integer out of the field's range, or a
-missing field raise ConfigError naming the field).
+records, nested objects) raises ConfigError naming the sample it shows in and asking for
+``--field NAME:SPEC``, with an example for every field; so does a null (no spec holds one:
+the field is to be left out, or filled). Records are then projected onto the schema's
+fields (JSON int lists become arrays of the field dtype; JSON ``true``/``false`` for a
+number field, an integer out of the field's range, or a missing field raise ConfigError
+naming the field).
 """
 
 from __future__ import annotations
 
 import functools
 from array import array as typed_array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -44,42 +46,45 @@ class _Guess:
     negative: bool = False  # a Python number below zero
 
 
-def _ambiguous(name: str, why: str) -> ConfigError:
-    return ConfigError(
-        f"schema inference: field {name!r} is ambiguous ({why}, expected one clear type: "
-        f"pass --field {name}:SPEC, e.g. --field {name}:int32[])"
-    )
+_Kind = Literal["ambiguous", "null", "range"]
+
+
+class _Unclear(ValueError):
+    """Why no one spec fits a field: ``why`` (what was found), the sample that shows it
+    (``at``; None: the value guessed, placed by the caller), and ``kind``: "ambiguous"
+    (pass --field), "null" (no type holds one) or "range" (no 64-bit integer holds it)."""
+
+    def __init__(self, why: str, at: int | None = None, kind: _Kind = "ambiguous") -> None:
+        super().__init__(why)
+        self.why, self.at, self.kind = why, at, kind
 
 
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 _UINT64_MAX = (1 << 64) - 1
 
 
-def _python_dtype(name: str, leaves: list[Any], int_dtype: str, float_dtype: str) -> str:
+def _python_dtype(leaves: list[Any], int_dtype: str, float_dtype: str) -> str:
     """The dtype of Python numbers: ``bool``; ints as ``int_dtype``, or ``uint64`` when one
-    is in [2**63, 2**64); floats (ints among them) as ``float_dtype``. Raises ConfigError
+    is in [2**63, 2**64); floats (ints among them) as ``float_dtype``. Raises _Unclear
     for an integer no 64-bit type holds, and for an integral float beyond 2**63 among ints
     (a JSON integer that a parser turned into a float)."""
     kinds = {type(v) for v in leaves}
     if kinds == {bool}:
         return "bool"
     if bool in kinds or not kinds <= {int, float}:
-        raise _ambiguous(name, f"values of types {sorted(k.__name__ for k in kinds)}")
+        raise _Unclear(f"values of types {sorted(k.__name__ for k in kinds)}")
     ints = [v for v in leaves if type(v) is int]
     if ints and (min(ints) < _INT64[0] or max(ints) > _UINT64_MAX):
         bad = min(ints) if min(ints) < _INT64[0] else max(ints)
-        raise ConfigError(
-            f"schema inference: field {name!r} value {bad} does not fit a 64-bit integer "
-            f"(expected int64 or uint64 values)"
-        )
+        raise _Unclear(f"value {bad} does not fit a 64-bit integer", kind="range")
     if float in kinds:
         if ints and any(abs(v) >= 2.0**63 and v == int(v) for v in leaves if type(v) is float):
-            raise _ambiguous(name, "ints mixed with integral floats beyond 2**63")
+            raise _Unclear("ints mixed with integral floats beyond 2**63")
         return float_dtype
     return "uint64" if ints and max(ints) > _INT64[1] else int_dtype
 
 
-def _guess(name: str, value: Any, int_dtype: str, float_dtype: str) -> _Guess:
+def _guess(value: Any, int_dtype: str, float_dtype: str) -> _Guess:
     if isinstance(value, str):
         return _Guess("str", "", (), False)
     if isinstance(value, bytes | bytearray):
@@ -91,21 +96,30 @@ def _guess(name: str, value: Any, int_dtype: str, float_dtype: str) -> _Guess:
             if any(isinstance(v, list) for v in leaves):
                 raise ValueError
         except ValueError:
-            raise _ambiguous(name, "ragged nested lists") from None
-        dtype = _python_dtype(name, leaves, int_dtype, float_dtype) if leaves else ""
+            raise _Unclear("ragged nested lists") from None
+        dtype = _python_dtype(leaves, int_dtype, float_dtype) if leaves else ""
         negative = any(type(v) is not bool and v < 0 for v in leaves)
         return _Guess("array", dtype, shape, True, negative)
     if isinstance(value, np.ndarray | np.generic):
         if value.dtype.kind not in "biuf":
-            raise _ambiguous(name, f"numpy dtype {value.dtype}")
+            raise _Unclear(f"numpy dtype {value.dtype}")
         return _Guess("array", value.dtype.name, np.shape(value), False)
-    raise _ambiguous(name, f"a {type(value).__name__} value")
+    raise _Unclear(f"a {type(value).__name__} value")
 
 
-def _merge_dtype(name: str, guesses: list[_Guess]) -> str:
+def _first_unlike(keys: list[Any]) -> int:
+    """The index of the first key unlike the first one's (0 when all are alike).
+
+    >>> _first_unlike(["str", "str", "array"])
+    2
+    """
+    return next((i for i, k in enumerate(keys) if k != keys[0]), 0)
+
+
+def _merge_dtype(guesses: list[_Guess]) -> str:
     dtypes = {g.dtype for g in guesses if g.dtype}
     if not dtypes:
-        raise _ambiguous(name, "only empty lists in the first records")
+        raise _Unclear("only empty lists in the first records", 0)
     if len(dtypes) == 1:
         return dtypes.pop()
     if all(g.from_python for g in guesses) and "bool" not in dtypes:
@@ -114,14 +128,16 @@ def _merge_dtype(name: str, guesses: list[_Guess]) -> str:
             return floats[0]  # ints mixed with floats
         if "uint64" in dtypes and not any(g.negative for g in guesses):
             return "uint64"  # non-negative ints, some beyond int64
-    raise _ambiguous(name, f"dtypes {sorted(dtypes)}")
+    first = next(g.dtype for g in guesses if g.dtype)
+    at = next(i for i, g in enumerate(guesses) if g.dtype and g.dtype != first)
+    raise _Unclear(f"dtypes {sorted(dtypes)}", at)
 
 
-def _merge_shape(name: str, guesses: list[_Guess], fixed_arrays: bool) -> str:
+def _merge_shape(guesses: list[_Guess], fixed_arrays: bool) -> str:
     shapes = {g.shape for g in guesses}
     ranks = {len(s) for s in shapes}
     if len(ranks) > 1:
-        raise _ambiguous(name, f"ranks {sorted(ranks)}")
+        raise _Unclear(f"ranks {sorted(ranks)}", _first_unlike([len(g.shape) for g in guesses]))
     rank = ranks.pop()
     if rank == 0:
         return ""
@@ -129,18 +145,50 @@ def _merge_shape(name: str, guesses: list[_Guess], fixed_arrays: bool) -> str:
         return "[" + ",".join(str(d) for d in shapes.pop()) + "]"
     inner = {s[1:] for s in shapes}
     if len(inner) > 1:
-        raise _ambiguous(name, f"inner shapes {sorted(inner)} differ")
+        at = _first_unlike([g.shape[1:] for g in guesses])
+        raise _Unclear(f"inner shapes {sorted(inner)} differ", at)
     return "[" + ",".join([""] + [str(d) for d in inner.pop()]) + "]"
 
 
-def _merge(name: str, guesses: list[_Guess], fixed_arrays: bool) -> str:
+def _field_spec(values: list[Any], fixed_arrays: bool, int_dtype: str, float_dtype: str) -> str:
+    """The one spec of a field's sample values; raises _Unclear naming the sample."""
+    nulls = [i for i, v in enumerate(values) if v is None]
+    if nulls:
+        raise _Unclear("null", nulls[0], "null")
+    guesses = []
+    for i, value in enumerate(values):
+        try:
+            guesses.append(_guess(value, int_dtype, float_dtype))
+        except _Unclear as e:
+            e.at = i
+            raise
     kinds = {g.kind for g in guesses}
     if len(kinds) > 1:
-        raise _ambiguous(name, f"mixed kinds {sorted(kinds)}")
+        raise _Unclear(f"mixed kinds {sorted(kinds)}", _first_unlike([g.kind for g in guesses]))
     kind = kinds.pop()
     if kind != "array":
         return kind
-    return _merge_dtype(name, guesses) + _merge_shape(name, guesses, fixed_arrays)
+    return _merge_dtype(guesses) + _merge_shape(guesses, fixed_arrays)
+
+
+def _example(values: list[Any], int_dtype: str, float_dtype: str) -> str:
+    """A spec for the first value that has one (a hint's example), else ``SPEC``.
+
+    >>> _example([None, "a", 1], "int64", "float64"), _example([[], [1.5]], "int64", "float64")
+    ('str', 'int64[]')
+    """
+    for value in values:
+        try:
+            guess = _guess(value, int_dtype, float_dtype)
+        except _Unclear:
+            continue
+        if guess.kind != "array":
+            return guess.kind
+        dtype = guess.dtype or int_dtype
+        if not guess.shape:
+            return dtype
+        return dtype + "[" + ",".join([""] + [str(d) for d in guess.shape[1:]]) + "]"
+    return "SPEC"
 
 
 def infer_schema(
@@ -149,6 +197,8 @@ def infer_schema(
     fixed_arrays: bool = False,
     int_dtype: str = "int64",
     float_dtype: str = "float64",
+    given: Mapping[str, str] | None = None,
+    where: Callable[[int], str] | None = None,
 ) -> dict[str, str]:
     """Infer ``{name: spec}`` from sample records (field order of the first record).
 
@@ -157,8 +207,12 @@ def infer_schema(
         fixed_arrays: arrays of equal shape in every sample are fixed-shape fields (true for
             rows of one numpy array; false for lists and per-row arrays of varying length).
         int_dtype: dtype for Python ints; float_dtype: dtype for Python floats.
+        given: the specs of fields the pack makes itself (token ids, pixels): ``--field``
+            gives the whole schema, so a hint's example lists them first.
+        where: the place of sample i in its input (``file:line``), for messages.
 
-    Raises ConfigError when there is no record or any field is ambiguous.
+    Raises ConfigError when there is no record or any field is ambiguous, naming the sample
+    it shows in and with a ``--field`` example for every field.
 
     >>> infer_schema([{"tokens": [1, 2], "label": 3, "text": "a"}, {"tokens": [4], "label": 5, "text": "b"}])
     {'tokens': 'int64[]', 'label': 'int64', 'text': 'str'}
@@ -167,17 +221,52 @@ def infer_schema(
     if not samples:
         raise ConfigError("schema inference: no records to infer from (expected --field NAME:SPEC)")
     names = list(samples[0])
+    specs: dict[str, str | _Unclear] = {}
+    for name in names:
+        values = [r[name] for r in samples if name in r]
+        try:
+            specs[name] = _field_spec(values, fixed_arrays, int_dtype, float_dtype)
+        except _Unclear as e:
+            specs[name] = e
+    unclear = _missing(samples, names) or next(
+        ((n, e) for n, e in specs.items() if isinstance(e, _Unclear)), None
+    )
+    if unclear is None:
+        return {n: s for n, s in specs.items() if isinstance(s, str)}
+    name, e = unclear
+    flags = {**(given or {}), **{n: s if isinstance(s, str) else "SPEC" for n, s in specs.items()}}
+    flags[name] = _example([r[name] for r in samples if name in r], int_dtype, float_dtype)
+    place = f"{where(e.at or 0)}: " if where is not None else f"sample {e.at or 0}: "
+    raise ConfigError(f"{place}schema inference: field {name!r} {_refusal(name, e, flags)}")
+
+
+def _missing(samples: list[Record], names: list[str]) -> tuple[str, _Unclear] | None:
+    """The first field some sample lacks (or has beyond the first's), with that sample."""
     for i, record in enumerate(samples):
         if list(record) != names and set(record) != set(names):
             missing = sorted(set(names) ^ set(record))
-            raise _ambiguous(missing[0], f"present in some records only (sample {i})")
-    spec: dict[str, str] = {}
-    for name in names:
-        if any(r[name] is None for r in samples):
-            raise _ambiguous(name, "null values")
-        guesses = [_guess(name, r[name], int_dtype, float_dtype) for r in samples]
-        spec[name] = _merge(name, guesses, fixed_arrays)
-    return spec
+            return missing[0], _Unclear("present in some records only", i)
+    return None
+
+
+def _refusal(name: str, e: _Unclear, flags: dict[str, str]) -> str:
+    """What is wrong with field ``name`` and how to pack it: ``--field`` for every field in
+    ``flags`` (the whole schema, ``name`` as its example spec)."""
+    if e.kind == "range":
+        return f"{e.why} (expected int64 or uint64 values)"
+    if e.kind == "null":
+        others = " ".join(f"--field {n}:{s}" for n, s in flags.items() if n != name)
+        return (
+            "is null (expected a value: no field type holds a null; leave the field out (pass "
+            f"--field NAME:SPEC for the others{', e.g. ' + others if others else ''}), or fill "
+            "its nulls with --map)"
+        )
+    example = " ".join(f"--field {n}:{s}" for n, s in flags.items())
+    more = " and the other fields" if len(flags) > 1 else ""
+    return (
+        f"is ambiguous ({e.why}, expected one clear type: pass --field {name}:SPEC{more}, "
+        f"e.g. {example})"
+    )
 
 
 def project_record(record: Record, fields: dict[str, Field]) -> Record:

@@ -27,7 +27,8 @@ _BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, dropped where a file starts w
 def _loads(line: bytes) -> object:
     if orjson is not None:
         return orjson.loads(line)
-    return json.loads(line, parse_constant=_no_constants)
+    # decoded here: json.loads would guess UTF-16 or UTF-32 from the first bytes
+    return json.loads(line.decode("utf-8"), parse_constant=_no_constants)
 
 
 def _lossy(record: dict) -> bool:
@@ -133,9 +134,7 @@ def read_jsonl(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterator[tup
         try:
             value = _loads(line)
         except ValueError as e:
-            _bad(
-                piece, offset, f"malformed JSON ({e}, expected one JSON object per line)", opts, bad
-            )
+            _bad(piece, offset, _malformed(line, e), opts, bad)
             continue
         if not isinstance(value, dict):
             _bad(piece, offset, f"JSON {type(value).__name__} (expected a JSON object)", opts, bad)
@@ -143,6 +142,16 @@ def read_jsonl(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterator[tup
         if float in map(type, value.values()) and orjson is not None and _lossy(value):
             value = json.loads(line, parse_constant=_no_constants)  # exact big integers
         yield value, offset
+
+
+def _malformed(line: bytes, error: ValueError) -> str:
+    """Why a JSON line does not parse: its bytes not UTF-8 (said as `read_text` says it),
+    else the parser's words."""
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"invalid UTF-8 ({e}, expected UTF-8 text)"
+    return f"malformed JSON ({error}, expected one JSON object per line)"
 
 
 def read_text(piece: Piece, opts: ReadOptions, bad: BadRecords) -> Iterator[tuple[Record, int]]:

@@ -245,6 +245,12 @@ def _load_sentencepiece(path: str) -> Tokenizer:
 def _load_tiktoken(path: str) -> Tokenizer:
     tiktoken = _import("tiktoken")
     ranks = _read_ranks(path)
+    if not ranks:  # tiktoken would say "max() arg is an empty sequence"
+        raise ConfigError(
+            f"--tokenizer {path}: holds no ranks (empty or blank lines only, expected a "
+            f"'<base64 token> <rank>' line per token: a tiktoken ranks file)",
+            path=path,
+        )
     try:
         enc = tiktoken.Encoding(
             f"roxxel:{os.path.basename(path)}",

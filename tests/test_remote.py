@@ -1805,3 +1805,161 @@ def test_issue15_a_url_with_no_dataset_says_what_to_check(tmp_path):
         roxxel.open_dataset(f"file://{tmp_path}/nosuchbucket/ds", cache_dir=tmp_path / "c")
     assert caught.value.rule == "M1"
     assert "check the bucket, the prefix, and that its upload or pack ended" in str(caught.value)
+
+
+# --- file URLs: a host, or an absolute path ---------------------------------------------------
+
+
+def test_issue15_a_file_url_naming_localhost_reads_the_absolute_path(
+    local, tmp_path, monkeypatch, capsys
+):
+    """``file://localhost/<abs>`` was the relative path ``localhost/<abs>`` (fsspec strips
+    only ``file://``): no manifest there, rule M1. localhost is this machine, as in
+    ``file:///<abs>``: open, pull and the CLI read the dataset itself."""
+    from roxxel.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    url = f"file://localhost{local}"
+    dataset = roxxel.open_dataset(url, cache_dir=tmp_path / "cache")
+    assert _labels(dataset) == list(range(NUM_RECORDS))
+    assert main(["cat", url, "3", "--json", "--cache-dir", str(tmp_path / "cache")]) == 0
+    assert json.loads(capsys.readouterr().out)["label"] == 3
+    assert main(["pull", f"file://LOCALHOST{local}", "staged", "-q"]) == 0
+    assert _labels(roxxel.open_dataset(tmp_path / "staged")) == list(range(NUM_RECORDS))
+    assert not (tmp_path / "localhost").exists() and not (tmp_path / "LOCALHOST").exists()
+
+
+@pytest.mark.parametrize("form", ["file://ds", "file://otherhost{}", "file://me:PW@localhost{}"])
+def test_issue15_a_file_url_with_a_relative_path_or_another_host_is_refused(
+    local, tmp_path, monkeypatch, capsys, form
+):
+    """``file://ds`` read the folder ``ds`` of the working directory, ``file://host/p`` the
+    relative path ``host/p``: a file URL names a host before its path, and only this one
+    (empty or localhost) can be read. Refused first, naming the URL and the rule."""
+    from roxxel.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(local, tmp_path / "ds")
+    (tmp_path / "otherhost").symlink_to("/")  # so the relative path holds the dataset
+    url = form.format(local)
+    with pytest.raises(ConfigError) as caught:
+        roxxel.open_dataset(url, cache_dir=tmp_path / "cache")
+    told = str(caught.value)
+    assert "expected file:///absolute/path" in told and "PW" not in told
+    assert url.replace("me:PW@", "***@") in told
+    assert not (tmp_path / "cache").exists()
+    assert main(["pull", url, "staged"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "expected file:///absolute/path" in err
+    assert "PW" not in err and not (tmp_path / "staged").exists()
+
+
+def test_issue15_a_mixture_source_at_a_relative_file_url_is_refused(local, tmp_path, monkeypatch):
+    """``path = "file://dsB"`` in a mixture TOML opened ``dsB`` of the working directory, not
+    of the TOML's folder (docs/sampling.md): a relative file URL is refused."""
+    from roxxel.cli.plan import open_plan_source
+
+    (tmp_path / "mix").mkdir()
+    shutil.copytree(local, tmp_path / "mix" / "dsB")
+    shutil.copytree(local, tmp_path / "dsB")
+    monkeypatch.chdir(tmp_path)
+    toml = tmp_path / "mix" / "mix.toml"
+    toml.write_text(
+        'batch_size = 4\n[sources.b]\npath = "file://dsB"\n[[phases]]\nweights = { b = 1 }\n'
+    )
+    monkeypatch.setenv("ROXXEL_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(ConfigError, match=r"file://dsB: .*expected file:///absolute/path"):
+        roxxel.Mixture.from_toml(toml, open_plan_source)
+
+
+# --- prefetch, verify --workers, cache_dir, a folder in place of a download --------------------
+
+
+@pytest.mark.parametrize("shard_id", [99, "num", -1, 1.5, "a", True, None])
+@pytest.mark.parametrize("at_url", [True, False])
+def test_issue15_prefetch_refuses_a_shard_id_out_of_range_or_not_an_int(
+    local, tmp_path, shard_id, at_url
+):
+    """``prefetch([99])`` was a bare IndexError, ``[-1]`` and ``[1.5]`` passed silently,
+    ``['a']`` a bare ValueError. Each id must be an int in [0, num_shards)."""
+    dataset = _open(f"file://{local}", tmp_path) if at_url else roxxel.open_dataset(local)
+    num = dataset.num_shards
+    shard_id = num if shard_id == "num" else shard_id
+    with pytest.raises(ConfigError) as caught:
+        dataset.prefetch([0, shard_id])
+    told = str(caught.value)
+    assert repr(shard_id) in told and f"[0, {num})" in told
+    if dataset.cache is not None:  # nothing queued: checked before any fetch starts
+        dataset.cache.wait()
+        assert dataset.cache.num_fetched == 0
+    dataset.prefetch([np.int64(num - 1), 0])  # numpy ints are ids too
+
+
+@pytest.mark.parametrize("workers", ["0", "-1"])
+@pytest.mark.parametrize("at_url", [True, False])
+def test_issue15_verify_refuses_workers_below_one(local, tmp_path, capsys, workers, at_url):
+    """``roxxel verify DS --workers 0`` (or -1) said OK, where pull and push refuse it."""
+    from roxxel.cli import main
+
+    where = f"file://{local}" if at_url else str(local)
+    flags = ["--cache-dir", str(tmp_path / "cache")] if at_url else []
+    assert main(["verify", where, "--workers", workers, *flags]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"roxxel verify: error: --workers: {workers} (expected >= 1)"
+
+
+def test_issue15_a_cache_dir_starting_with_a_tilde_is_the_home_folder(local, tmp_path, monkeypatch):
+    """``cache_dir='~/rxc2'`` made a folder named ``~`` in the working directory, though
+    ``ROXXEL_CACHE_DIR='~/rxc'`` is expanded."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    dataset = roxxel.open_dataset(f"file://{local}", cache_dir="~/rxc2")
+    assert int(dataset[0]["label"]) == 0
+    assert dataset.path.parent == home / "rxc2" and os.listdir(work) == []
+
+
+def test_issue15_an_empty_cache_dir_is_refused(local, tmp_path, monkeypatch, capsys):
+    """``cache_dir=''`` and ``--cache-dir ""`` cached into the working directory."""
+    from roxxel.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"cache_dir: '' \(expected a folder"):
+        roxxel.open_dataset(f"file://{local}", cache_dir="")
+    assert main(["cat", f"file://{local}", "0", "--cache-dir", ""]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cache_dir: ''" in err
+    assert os.listdir(tmp_path) == []
+
+
+def test_issue15_a_folder_in_place_of_a_download_is_a_config_error(local, tmp_path, capsys):
+    """A folder named as a shard's download (``.<name>.part``) in the cache gave
+    ``[Errno 21] Is a directory``: the removal of the download after the failed write
+    raised the bare OSError over the ConfigError. Now it is the ConfigError a folder in
+    place of the shard itself gets."""
+    from roxxel.cli import main
+
+    url, cache = f"file://{local}", tmp_path / "cache"
+    name = roxxel.open_dataset(local).manifest.shards[0].path
+    part = CacheConfig(url, cache).folder / f".{name}.part"
+    part.mkdir(parents=True)
+    dataset = roxxel.open_dataset(url, cache_dir=cache)
+    with pytest.raises(ConfigError) as caught:
+        dataset[0]
+    told = str(caught.value)
+    assert told.startswith(f"{part}: cannot write the shards there (Is a directory, expected")
+    assert main(["cat", url, "0", "--cache-dir", str(cache)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"roxxel cat: error: {told}" and part.is_dir()
+
+
+def test_issue15_file_urls_of_one_folder_share_its_cache(local, tmp_path):
+    """``file://localhost/<abs>`` is ``file:///<abs>``: the shards cached through one are
+    reused through the other, not fetched again into a folder of their own."""
+    first = roxxel.open_dataset(f"file://{local}", cache_dir=tmp_path)
+    assert _labels(first) == list(range(NUM_RECORDS))
+    again = roxxel.open_dataset(f"file://localhost{local}", cache_dir=tmp_path)
+    assert again.path == first.path and _labels(again) == list(range(NUM_RECORDS))
+    assert again.cache is not None and again.cache.num_fetched == 0

@@ -324,3 +324,57 @@ def test_issue15_remote_pack_to_a_url_naming_no_place_is_refused(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "names no bucket or folder" in err, err
     assert os.listdir(tmp_path) == []
+
+
+def test_issue15_remote_pack_to_a_store_in_this_process_is_refused(
+    inputs, tmp_path, monkeypatch, capsys
+):
+    """``roxxel pack numbers.jsonl -o memory://mm/n`` said it packed: the store lived in the
+    process and was gone when the command ended."""
+    import fsspec
+
+    from roxxel.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    cache = str(tmp_path / "cache")
+    assert main(["pack", inputs[0], "-o", "memory://mm/n", *PACK_FLAGS, "--cache-dir", cache]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "only in this process" in err
+    assert err.startswith("roxxel pack: error: -o 'memory://mm/n'")
+    assert not fsspec.filesystem("memory").exists("/mm/n") and os.listdir(tmp_path) == []
+
+
+def test_issue15_remote_pack_to_file_urls_with_a_host(inputs, tmp_path, monkeypatch, capsys):
+    """``-o file://localhost/<abs>`` packed into ``./localhost/<abs>``, ``-o file://dsB`` into
+    ``./dsB``: localhost is this machine, and a relative file URL is refused."""
+    from roxxel.cli import main
+
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    args = ["pack", inputs[0], *PACK_FLAGS, *cache, "-q"]
+    assert main([*args, "-o", "file://dsB"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "file://dsB" in err
+    assert "expected file:///absolute/path" in err and os.listdir(work) == []
+    assert main([*args, "-o", f"file://localhost{tmp_path}/out"]) == 0
+    assert len(roxxel.open_dataset(tmp_path / "out")) == NUM_LINES and os.listdir(work) == []
+
+
+def test_issue15_remote_pack_stages_under_a_cache_dir_starting_with_a_tilde(
+    inputs, tmp_path, monkeypatch
+):
+    """``pack -o URL --cache-dir '~/c'`` staged its shards in a folder named ``~`` of the
+    working one, where ``open_dataset`` reads ``~/c`` as the home folder's ``c``."""
+    from roxxel.cli import main
+
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    args = ["pack", inputs[0], *PACK_FLAGS, "--cache-dir", "~/c", "-q"]
+    assert main([*args, "-o", f"file://{tmp_path}/out"]) == 0
+    assert len(roxxel.open_dataset(tmp_path / "out")) == NUM_LINES
+    assert os.listdir(work) == [] and (home / "c" / "staging").is_dir()

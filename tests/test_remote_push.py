@@ -265,3 +265,63 @@ def test_issue15_push_refuses_a_url_without_a_bucket_or_folder(local, url, capsy
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"URL: {url!r}" in err
     assert "bucket or folder" in err
+
+
+# --- 6. file URLs with a host, and stores that live in this process ----------------------------
+
+
+def test_issue15_push_to_file_localhost_writes_the_absolute_path(local, tmp_path, monkeypatch):
+    """``roxxel push ds file://localhost/<abs>`` wrote into ``./localhost/<abs>`` and said it
+    uploaded: localhost is this machine, the dataset goes to ``<abs>``."""
+    from roxxel.cli import main
+
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert main(["push", str(local), f"file://localhost{tmp_path}/up", "-q"]) == 0
+    assert (
+        roxxel.open_dataset(tmp_path / "up").fingerprint == roxxel.open_dataset(local).fingerprint
+    )
+    assert os.listdir(work) == []
+    assert upload_dataset(local, f"file://localhost{tmp_path}/api") > 0
+    assert (tmp_path / "api" / MANIFEST_NAME).is_file() and os.listdir(work) == []
+
+
+@pytest.mark.parametrize("url", ["file://dsB", "file://otherhost/up"])
+def test_issue15_push_to_a_relative_file_url_or_another_host_is_refused(
+    local, tmp_path, monkeypatch, capsys, url
+):
+    """``file://dsB`` pushed into the folder ``dsB`` of the working directory."""
+    from roxxel.cli import main
+
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert main(["push", str(local), url, "-q"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"roxxel push: error: {url}: ")
+    assert "expected file:///absolute/path" in err and os.listdir(work) == []
+    with pytest.raises(ConfigError, match="expected file:///absolute/path"):
+        upload_dataset(local, url)
+    assert os.listdir(work) == []
+
+
+def test_issue15_push_to_a_store_in_this_process_is_refused(local, capsys):
+    """``roxxel push ds memory://mm/ds`` said it uploaded: a memory:// store lives in the
+    process, so the dataset was gone when the command ended. The CLI refuses it; the
+    Python API, where such a store is of use, still takes it."""
+    import fsspec
+
+    from roxxel.cli import main
+
+    url = "memory://me:PW@mm/ds"
+    assert main(["push", str(local), url, "-q"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "PW" not in err
+    assert err.startswith("roxxel push: error: URL: 'memory://***@mm/ds'")
+    assert "only in this process" in err
+    memory = fsspec.filesystem("memory")
+    assert not memory.exists("/me:PW@mm/ds") and not memory.exists("/mm/ds")
+    assert upload_dataset(local, "memory://roxxel-push-api/ds") > 0
+    opened = roxxel.open_dataset("memory://roxxel-push-api/ds", cache_dir=local.parent / "c")
+    assert opened.fingerprint == roxxel.open_dataset(local).fingerprint

@@ -161,6 +161,8 @@ def _ignore_interrupts() -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    if args.workers < 1:
+        raise ConfigError(f"--workers: {args.workers} (expected >= 1)")
     ds = _open(args)
     ks = range(ds.num_shards)
     if args.workers <= 1 or ds.num_shards <= 1:

@@ -817,7 +817,7 @@ def _waiting(args: argparse.Namespace, num_there: int, num_missing: int) -> str:
 
 def _staging(args: argparse.Namespace) -> Path:
     """This task's local folder for ``-o URL``: under the cache dir, by URL and task."""
-    base = Path(args.cache_dir) if args.cache_dir is not None else default_cache_dir()
+    base = Path(args.cache_dir).expanduser() if args.cache_dir is not None else default_cache_dir()
     folder = CacheConfig(args.output, base).folder.name
     return base / "staging" / folder / f"task-{args.task_index}"
 

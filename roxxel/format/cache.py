@@ -70,7 +70,7 @@ from roxxel.format.manifest import (
     parse_manifest,
 )
 from roxxel.format.reader import Shard, read_trailer
-from roxxel.format.remote import FetchPolicy, RemoteStore, join_url
+from roxxel.format.remote import FetchPolicy, RemoteStore, fsspec_url, join_url
 
 __all__ = [
     "CacheConfig",
@@ -189,8 +189,9 @@ class CacheConfig:
 
     @property
     def folder(self) -> Path:
-        """This dataset's folder in the cache: its last URL part and a digest of the URL."""
-        url = self.url.rstrip("/")
+        """This dataset's folder in the cache: its last URL part and a digest of the URL
+        (as fsspec opens it: ``file://localhost/p`` shares the folder of ``file:///p``)."""
+        url = fsspec_url(self.url).rstrip("/")
         tail = re.sub(r"[^A-Za-z0-9._-]", "_", url.rsplit("/", 1)[-1])[:64] or "dataset"
         digest = hashlib.blake2b(url.encode(), digest_size=8).hexdigest()
         return self.cache_dir / f"{tail}-{digest}"
@@ -556,9 +557,10 @@ class ShardCache:
                 self._let_go(entry.path)
                 raise
             finally:
-                temp.unlink(missing_ok=True)
                 with self._room_lock:
                     self._reserved -= entry.num_bytes
+                with _writing(temp):  # a folder in its place: the error its write had
+                    temp.unlink(missing_ok=True)
             if self._durable:
                 _fsync_dir(self.folder)
             with self._lock:

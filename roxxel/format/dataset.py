@@ -167,11 +167,30 @@ class Dataset(RecordSource):
     def prefetch(self, shard_ids: Iterable[int]) -> None:
         """Start fetching these shards in the background, in this order (a dataset at a URL;
         a local one has nothing to fetch). Returns at once; never raises for a fetch (the
-        read that needs the shard does)."""
+        read that needs the shard does).
+
+        Raises:
+            ConfigError: an id is no int in [0, num_shards) (nothing is fetched then).
+        """
+        ids = [self._shard_id(k) for k in shard_ids]
         if self.cache is None:
             return
-        wanted = dict.fromkeys(int(k) for k in shard_ids if self._shards[int(k)] is None)
+        wanted = dict.fromkeys(k for k in ids if self._shards[k] is None)
         self.cache.prefetch(self.manifest.shards[k] for k in wanted)
+
+    def _shard_id(self, k: object) -> int:
+        """``k`` as a shard id, or a ConfigError naming it and the shard count."""
+        num = self.num_shards
+        if (
+            isinstance(k, bool | np.bool_)
+            or not isinstance(k, int | np.integer)
+            or not 0 <= k < num
+        ):
+            raise ConfigError(
+                f"{self.where}: shard id {k!r} (expected an int in [0, {num}): the dataset has"
+                f" {num} shards)"
+            )
+        return int(k)
 
     def shard_if_ready(self, k: int) -> Shard | None:
         """Shard ``k`` if it can be mapped without waiting for the network, else None."""
@@ -368,9 +387,9 @@ def open_dataset(
     decode or allocate (default 4 GiB or ``$ROXXEL_MAX_DECODED_BYTES``). A URL
     (``s3://bucket/ds``, any fsspec URL; docs/remote.md) is read through a verified local
     cache in ``cache_dir`` (default ``$ROXXEL_CACHE_DIR`` or ``~/.cache/roxxel``), shared by
-    the processes of a host; ``storage_options`` go to fsspec; ``cache_limit_bytes`` evicts
-    least recently used shards no mapping holds. Cache options for a local path are a
-    ConfigError.
+    the processes of a host (``~`` expanded; an empty one is a ConfigError);
+    ``storage_options`` go to fsspec; ``cache_limit_bytes`` evicts least recently used shards
+    no mapping holds. Cache options for a local path are a ConfigError.
     """
     if not is_url(path):
         given = (cache_dir, storage_options, cache_limit_bytes)
@@ -380,9 +399,14 @@ def open_dataset(
                 " URL such as s3://bucket/ds with cache_dir, storage_options, cache_limit_bytes)"
             )
         return Dataset(path, verify=verify, max_decoded_bytes=max_decoded_bytes)
+    if cache_dir is not None and not os.fspath(cache_dir):  # Path("") is the working folder
+        raise ConfigError(
+            "open_dataset: cache_dir: '' (expected a folder, or None for $ROXXEL_CACHE_DIR"
+            " or ~/.cache/roxxel)"
+        )
     config = CacheConfig(
         str(path),
-        Path(cache_dir) if cache_dir is not None else default_cache_dir(),
+        Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir(),
         {} if storage_options is None else storage_options,
         cache_limit_bytes,
     )

@@ -25,12 +25,14 @@ from roxxel.errors import ConfigError, RoxxelError, check_int, without_credentia
 from roxxel.format.direct import DirectReader, direct_reader
 from roxxel.format.getter import NotDirect, Outage, WriteFailed, write_at
 
-__all__ = ["FetchPolicy", "RemoteStore", "is_url", "join_url"]
+__all__ = ["FetchPolicy", "RemoteStore", "fsspec_url", "is_url", "join_url"]
 
 T = TypeVar("T")
 
 # a scheme of at least two letters, so "C:\\data" (a Windows drive) is not a URL
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
+# a URL of the local file system: its scheme, its host (up to the next "/"), its path
+_FILE_URL = re.compile(r"^(file|local)://([^/]*)(.*)$", re.IGNORECASE | re.DOTALL)
 # the extra that installs a protocol's package
 _EXTRAS = {"s3": "roxxel[s3]", "s3a": "roxxel[s3]", "gs": "roxxel[gcs]", "gcs": "roxxel[gcs]"}
 # errors no retry can fix: the object is not there (the caller names the rule), and errno
@@ -49,6 +51,32 @@ def is_url(path: object) -> bool:
     (True, False, False)
     """
     return isinstance(path, str) and _URL.match(path) is not None
+
+
+def fsspec_url(url: str) -> str:
+    """``url`` as fsspec is to open it: a file URL without its host. In a file URL the part
+    between ``file://`` and the next ``/`` is a host (RFC 8089), where fsspec would read the
+    first folder of a path relative to the working one: empty or ``localhost`` is this
+    machine and is dropped; any other (``file://ds``, a relative path, included) is refused.
+
+    >>> fsspec_url("file://localhost/data/ds"), fsspec_url("s3://bucket/ds")
+    ('file:///data/ds', 's3://bucket/ds')
+
+    Raises:
+        ConfigError: a file URL naming another host or a relative path.
+    """
+    match = _FILE_URL.match(url)
+    if match is None:
+        return url
+    scheme, host, path = match.groups()
+    if host and host.lower() != "localhost":
+        raise ConfigError(
+            f"{url}: a host or a relative path after {scheme}:// (expected"
+            f" {scheme}:///absolute/path or {scheme}://localhost/absolute/path on this machine,"
+            " or a plain path)",
+            path=url,
+        )
+    return f"{scheme}://{path or '/'}"
 
 
 def join_url(url: str, name: str) -> str:
@@ -80,7 +108,8 @@ class FetchPolicy:
 
 
 class RemoteStore:
-    """The folder ``url`` of an fsspec filesystem, read with bounded retries.
+    """The folder ``url`` of an fsspec filesystem, read with bounded retries. A file URL
+    naming a host other than this machine is a `ConfigError` at once (`fsspec_url`).
 
     Thread-safe (fsspec filesystems are; this object opens its filesystem once). Every read
     raises ``ConnectionError`` (an ``OSError``) naming the URL and the last failure once
@@ -97,6 +126,7 @@ class RemoteStore:
         policy: FetchPolicy | None = None,
     ) -> None:
         self.url = url
+        self._fsspec_url = fsspec_url(url)  # what fsspec opens; messages name `url`
         self.storage_options = dict(storage_options or {})
         self.policy = policy or FetchPolicy()
         self._lock = threading.Lock()
@@ -111,7 +141,7 @@ class RemoteStore:
             self._lock, self._fs, self._pid = threading.Lock(), None, os.getpid()
         with self._lock:
             if self._fs is None:
-                self._fs = _filesystem(self.url, self.storage_options)
+                self._fs = _filesystem(self._fsspec_url, self.storage_options)
                 protocol = self.url.split("://", 1)[0]
                 self._direct = direct_reader(protocol, self._fs[0], self.storage_options)
             return self._fs

@@ -33,7 +33,7 @@ from typing import Any
 from roxxel.errors import ConfigError, FormatError, check_int, without_credentials
 from roxxel.format.dataset import Dataset
 from roxxel.format.manifest import MANIFEST_NAME
-from roxxel.format.remote import FetchPolicy, RemoteStore, is_url, join_url
+from roxxel.format.remote import FetchPolicy, RemoteStore, fsspec_url, is_url, join_url
 from roxxel.format.spec import HEADER_BYTES, TRAILER_BYTES, Trailer, fail, parse_trailer
 
 __all__ = [
@@ -69,7 +69,7 @@ def upload_dataset(
         FormatError: the local dataset breaks a rule (also a shard deleted or changed while
             it uploads: M7, M8, naming the local file).
         ConfigError: ``path`` is a URL, ``url`` is no URL of a bucket or folder (or is the
-            dataset's own folder), or ``workers`` < 1.
+            dataset's own folder, or a file URL of another host), or ``workers`` < 1.
         ConnectionError: the store stayed unreachable (see `RemoteStore`); run again.
     """
     if is_url(path):
@@ -77,7 +77,7 @@ def upload_dataset(
             f"upload_dataset: path {path!r} is a URL (expected a local dataset folder;"
             " `roxxel pull URL DIR` stages one)"
         )
-    check_destination(url)
+    _check_place(url, "upload_dataset: url")
     check_int("workers", workers, 1, 256)
     dataset = Dataset(path)
     store = RemoteStore(url, storage_options, policy)
@@ -96,19 +96,38 @@ def upload_dataset(
     return len(entries)
 
 
-def check_destination(url: str, where: str = "upload_dataset: url") -> None:
-    """Raise a `ConfigError` naming ``where`` unless ``url`` is a URL with a bucket or folder
-    after its scheme (``s3://`` alone would put objects at ``s3:/<name>``, ``file:///`` in
-    the root folder).
+def check_destination(url: str, where: str = "URL:") -> None:
+    """The command line's check of a URL to publish at (``roxxel push``, ``roxxel pack -o``):
+    what `upload_dataset` checks (`_check_place`), and no store that lives only in this
+    process (``memory://``), whose data would be gone when the command exits. Raises a
+    `ConfigError` naming ``where``.
 
     >>> check_destination("s3://bucket/ds")
-    >>> check_destination("s3://")  # doctest: +IGNORE_EXCEPTION_DETAIL
+    >>> check_destination("memory://bucket/ds")  # doctest: +IGNORE_EXCEPTION_DETAIL
     Traceback (most recent call last):
-    roxxel.errors.ConfigError: upload_dataset: url 's3://' names no bucket or folder (...)
+    roxxel.errors.ConfigError: URL: 'memory://bucket/ds': a memory:// store lives only ...
+    """
+    _check_place(url, where)
+    if url.split("://", 1)[0].lower() == "memory":
+        raise ConfigError(
+            f"{where} {url!r}: a memory:// store lives only in this process (its data would be"
+            " gone when the command exits, expected a store outside it, e.g. s3://bucket/ds"
+            " or file:///absolute/path)"
+        )
+
+
+def _check_place(url: str, where: str) -> None:
+    """Raise a `ConfigError` naming ``where`` unless ``url`` is a URL with a bucket or folder
+    after its scheme (``s3://`` alone would put objects at ``s3:/<name>``, ``file:///`` in
+    the root folder), and a file URL names this machine (`fsspec_url`).
+
+    >>> _check_place("s3://", "url")  # doctest: +IGNORE_EXCEPTION_DETAIL
+    Traceback (most recent call last):
+    roxxel.errors.ConfigError: url 's3://' names no bucket or folder (...)
     """
     if not is_url(url):
         raise ConfigError(f"{where} {url!r} is not a URL (expected e.g. s3://bucket/ds)")
-    if not url.split("://", 1)[1].strip("/"):
+    if not fsspec_url(url).split("://", 1)[1].strip("/"):
         raise ConfigError(
             f"{where} {url!r} names no bucket or folder (expected a bucket or folder after"
             " the scheme, e.g. s3://bucket/ds)"

@@ -743,3 +743,16 @@ def test_merge_into_a_file_is_refused_naming_o(tmp_path, capsys):
     )
     assert afile.read_text() == "x\n"
     assert _run("merge", part, "-o", tmp_path / "ds", "-q") == 0
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [('{"url": "ab"}', "string"), ('{"url": ["a", "b"]}', "string")],
+)
+def test_a_value_of_the_wrong_kind_for_its_field_is_named_in_words(tmp_path, capsys, line, said):
+    """`--field url:int64` over string values said `got <U2 values`: numpy's dtype code."""
+    path = tmp_path / "in.jsonl"
+    path.write_text(line + "\n")
+    assert _run("pack", path, "-o", tmp_path / "out", "-q", "--field", "url:int64") == 1
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"in.jsonl:1: field 'url' got {said} values (expected int64)"), err

@@ -263,6 +263,10 @@ def _is_float(dtype: np.dtype) -> bool:
     return dtype.kind == "f" or (dtype.kind == "V" and dtype.name == "bfloat16")
 
 
+# what a value whose dtype no number field takes is, in words (not numpy's '<U2')
+_KIND_WORDS = {"U": "string", "S": "bytes", "O": "object", "M": "datetime", "m": "timedelta"}
+
+
 def _exact_cast(array: np.ndarray, field: Field, where: str) -> np.ndarray:
     target = field.dtype
     if array.dtype == target == np.bool_:  # a bool viewed from other bytes: store 0 or 1 (R18)
@@ -274,7 +278,10 @@ def _exact_cast(array: np.ndarray, field: Field, where: str) -> np.ndarray:
         return array.astype(target)
     src = array.dtype
     if not (src.kind in "biu" or _is_float(src)) or (target.kind in "biu" and _is_float(src)):
-        raise ConfigError(f"{where}: field {field.name!r} got {src} values (expected {field.spec})")
+        raise ConfigError(
+            f"{where}: field {field.name!r} got {_KIND_WORDS.get(src.kind, src.name)} values"
+            f" (expected {field.spec})"
+        )
     if _is_float(target) and _is_float(src):
         return _float_cast(array, field, where)
     with np.errstate(all="ignore"):

@@ -378,3 +378,54 @@ def test_issue15_remote_pack_stages_under_a_cache_dir_starting_with_a_tilde(
     assert main([*args, "-o", f"file://{tmp_path}/out"]) == 0
     assert len(roxxel.open_dataset(tmp_path / "out")) == NUM_LINES
     assert os.listdir(work) == [] and (home / "c" / "staging").is_dir()
+
+
+def _bpe(folder: Path) -> Path:
+    tokenizers = pytest.importorskip("tokenizers")
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator([f"a quick brown fox {i}" for i in range(50)], trainer)
+    bpe.save(str(folder / "tokenizer.json"))
+    return folder / "tokenizer.json"
+
+
+def _photos(folder: Path) -> Path:
+    image = pytest.importorskip("PIL.Image")
+    for i, label in enumerate(["dog", "cat", "emu"]):  # labels from the sorted names
+        (folder / label).mkdir(parents=True)
+        pixels = bytes(range(i, i + 48)) * 4
+        image.frombytes("RGB", (8, 8), pixels).save(folder / label / f"{i}.png")
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["tokenizer", "images"])
+def test_issue15_remote_pack_with_a_tokenizer_or_images_writes_the_local_manifest(kind, tmp_path):
+    """A pack to a URL wrote the manifest's ``metadata`` (how tokens or pixels were made)
+    with its keys in the order the code made them, a local pack in the order its plan.json
+    keeps (sorted): the same shards, another manifest, so another fingerprint, and a
+    checkpoint of a run on one did not restore on the other."""
+    from roxxel.cli import main
+
+    if kind == "tokenizer":
+        text = tmp_path / "text.jsonl"
+        text.write_text(
+            "".join(json.dumps({"text": f"fox {i}", "url": "u"}) + "\n" for i in range(9))
+        )
+        flags = [str(text), "--tokenizer", str(_bpe(tmp_path)), "--keep-field", "url"]
+        flags += ["--append-eos"]
+    else:
+        flags = [str(_photos(tmp_path / "photos")), "--image-size", "4x4"]
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    assert main(["pack", *flags, "-o", str(local), "-q"]) == 0
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    assert main(["pack", *flags, "-o", f"file://{remote}", *cache, "-q"]) == 0
+    assert (remote / "manifest.json").read_bytes() == (local / "manifest.json").read_bytes()
+    assert roxxel.open_dataset(f"file://{remote}", cache_dir=tmp_path / "c").fingerprint == (
+        roxxel.open_dataset(local).fingerprint
+    )

@@ -655,7 +655,9 @@ def _metadata(config: PackConfig) -> dict[str, object]:
         doc["tokenizer"] = tokens.metadata(load_tokenizer(tokens.path, tokens.sha256))
     if config.images is not None:
         doc["images"] = ImageConfig.from_json(config.images).metadata()
-    return doc
+    # keys sorted at every level, as a local pack reads them back from its plan.json: a pack
+    # to a URL then writes the same manifest (the same fingerprint) as a local one
+    return json.loads(json.dumps(doc, sort_keys=True))
 
 
 def _fingerprint(args: argparse.Namespace, units: list[WorkUnit], config: PackConfig) -> str:

@@ -292,7 +292,7 @@ def test_skip_bad_reports_count_and_first_locations(tmp_path, capsys):
         ({"image": [[1, 2]]}, ["image:uint8[2,2]"], "field 'image' has shape (1, 2)"),
         ({"a": 1}, ["a:int64", "b:int64"], "field 'b' missing from the record (its fields: ['a']"),
         ({"tokens": [0.5]}, ["tokens:int32[]"], "field 'tokens': value 0.5 does not fit int32"),
-        ({"m": [[1, 2], [3]]}, ["m:int32[,2]"], "field 'm': setting an array element"),
+        ({"m": [[1, 2], [3]]}, ["m:int32[,2]"], "field 'm' holds ragged nested lists"),
     ],
 )
 def test_value_that_does_not_fit_names_record_and_field(tmp_path, capsys, record, fields, message):

@@ -4,6 +4,7 @@ items 6 and 8). Each test is named after the issue item it pins."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import struct
@@ -605,3 +606,116 @@ def test_issue14_a_null_skipped_with_skip_bad_is_named_with_its_field(tmp_path, 
     path = write_table(table, tmp_path / f"n.{kind}")
     assert _run("pack", path, "-o", tmp_path / "ds", "-q", "--skip-bad") == 0
     assert f"{path}: field 'x': row 1: null" in capsys.readouterr().err
+
+
+# ---- issue 14: schema inference hints that can be followed; nulls and ragged lists said so --
+
+
+@pytest.mark.parametrize("name", ["my url", "a:b", "-x", "é", "a\nb", "x" * 129])
+def test_issue14_a_field_name_no_schema_takes_points_to_map_not_field(tmp_path, capsys, name):
+    """`--field my url:int64[]` (and `a:b:`, `-x:`, non-ASCII, a newline, which split the
+    error into two lines) was the hint for a field whose name no schema takes; a clear
+    field of such a name said `field 'my url': bad name` naming no file."""
+    src = _jsonl(tmp_path / "n.jsonl", [{"x": 1, name: [1]}, {"x": 2, name: "s"}])
+    assert _run("pack", src, "-o", tmp_path / "ds", "-q") == 1
+    err = _one_line_error(capsys)
+    assert f"{src}:1: schema inference: field {name!r}" in err, err
+    assert "--map" in err and f"--field {name}:" not in err, err
+    assert "[A-Za-z_][A-Za-z0-9_.-]*" in err, err
+    clear = _jsonl(tmp_path / "c.jsonl", [{"x": 1}, {"x": 2, name: 3}])
+    assert _run("pack", clear, "-o", tmp_path / "ds", "-q") == 1
+    err = _one_line_error(capsys)
+    assert f"{clear}:2: schema inference: field {name!r}" in err and "--map" in err, err
+
+
+@pytest.mark.parametrize(
+    ("rows", "line", "field", "what"),
+    [
+        ([{"a": 1, "b": 2}, {"a": 3}], 2, "b", "missing from some records"),
+        ([{"a": 1, "b": 2}, {"a": "s", "b": 3}], 2, "a", "mixed kinds ['number', 'string']"),
+        ([{"a": [1], "b": 2}, {"a": {"k": 1}, "b": 3}], 2, "a", "a dict value"),
+    ],
+)
+def test_issue14_a_missing_or_mixed_field_points_to_map_and_its_field_hint_packs(
+    tmp_path, capsys, rows, line, field, what
+):
+    """A field missing from some records, or of mixed kinds, asked only for `--field`,
+    which then failed on the first record unlike it: the hint now says to fill or convert
+    it with --map, or to skip those records (--skip-bad), and following it packs."""
+    src = _jsonl(tmp_path / "m.jsonl", rows)
+    assert _run("pack", src, "-o", tmp_path / "ds", "-q") == 1
+    err = _one_line_error(capsys)
+    assert f"{src}:{line}: schema inference: field {field!r}" in err and what in err, err
+    assert "with --map" in err and "--skip-bad" in err, err
+    flags = err.rstrip().rsplit("e.g. ", 1)[1].removesuffix(")").split()
+    assert _run("pack", src, "-o", tmp_path / "ds", "-q", "--skip-bad", *flags) == 0
+    assert len(roxxel.open_dataset(tmp_path / "ds")) == 1
+
+
+@pytest.mark.parametrize("spec", ["int64", "int64[]", "float32[,2]", "str", "bytes"])
+def test_issue14_a_null_into_a_given_field_says_null(tmp_path, capsys, spec):
+    """`field 'b' got object values (expected int64)` (or `wants str (NoneType)`) for a
+    JSON null: numpy's and Python's words for it."""
+    src = _jsonl(tmp_path / "n.jsonl", [{"a": 1, "b": None}])
+    assert (
+        _run("pack", src, "-o", tmp_path / "ds", "--field", "a:int64", "--field", f"b:{spec}") == 1
+    )
+    err = _one_line_error(capsys)
+    assert f"{src}:1: field 'b'" in err and "null" in err, err
+    assert "object" not in err and "NoneType" not in err, err
+
+
+@pytest.mark.parametrize("spec", [None, "int64[]", "int64[,2]", "float32[,2]"])
+def test_issue14_ragged_nested_lists_name_file_line_field_and_the_rule(tmp_path, capsys, spec):
+    """`[[1, 2], [3]]` said numpy's `setting an array element with a sequence. The requested
+    array has an inhomogeneous shape after 1 dimensions...`; inference said only "ragged
+    nested lists" and asked for a `--field a:SPEC` that no spec satisfies."""
+    first = [1] if spec == "int64[]" else [[1, 2]]  # a record that fits: line 2 is named
+    src = _jsonl(tmp_path / "r.jsonl", [{"a": first}, {"a": [[1, 2], [3]]}])
+    flags = ["--field", f"a:{spec}"] if spec else []
+    assert _run("pack", src, "-o", tmp_path / "ds", *flags) == 1
+    err = _one_line_error(capsys)
+    assert f"{src}:2: " in err and "field 'a'" in err and "ragged" in err, err
+    assert "only a field's first dimension" in err, err
+    assert "sequence" not in err and "inhomogeneous" not in err, err
+    if spec is None:
+        assert "--map" in err, err
+
+
+def test_issue14_ragged_values_given_to_a_field_are_a_config_error_not_numpy_text():
+    from roxxel.format.schema import Field
+
+    for spec in ("int32[,2]", "int32[2,2]"):
+        with pytest.raises(ConfigError) as e:
+            Field.parse("a", spec).to_bytes(([1, 2], [3]), "rec 0")
+        assert "rec 0: field 'a'" in str(e.value) and "ragged" in str(e.value), e.value
+        assert "inhomogeneous" not in str(e.value)
+
+
+def _byte_ranks(path: Path) -> Path:
+    path.write_text("".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n" for b in range(256)))
+    return path
+
+
+@pytest.mark.parametrize("how", ["field", "schema"])
+def test_issue14_an_eos_id_past_the_token_dtype_shows_the_fix_in_the_form_used(
+    tmp_path, capsys, how
+):
+    """With the token dtype from --schema, the refusal's example was `--field` syntax
+    (`e.g. tokens:uint16[]`); it is now the schema file's entry (`tokens = "uint16[]"`),
+    and with --field a whole `--field tokens:uint16[]`."""
+    pytest.importorskip("tiktoken")
+    ranks = _byte_ranks(tmp_path / "bytes.tiktoken")
+    src = _jsonl(tmp_path / "t.jsonl", [{"text": "ab"}])
+    schema = tmp_path / "s.toml"
+    schema.write_text('[fields]\ntokens = "uint8[]"\n')
+    given = ["--field", "tokens:uint8[]"] if how == "field" else ["--schema", schema]
+    argv = ["pack", src, "-o", tmp_path / "ds", "--tokenizer", ranks, "--eos-id", 300, *given]
+    assert _run(*argv) in (1, 2)
+    err = _one_line_error(capsys)
+    assert "--eos-id 300 does not fit uint8" in err, err
+    if how == "field":
+        assert "--field tokens:uint8[]: " in err and "e.g. --field tokens:uint16[])" in err, err
+    else:
+        assert f'{schema}: tokens = "uint8[]": ' in err, err
+        assert 'e.g. tokens = "uint16[]")' in err and "--field" not in err, err

@@ -528,3 +528,61 @@ def test_issue12_item1_the_lock_names_the_holder_and_is_free_after_release(tmp_p
             four.prepared()
             parts.lock_output(out, task=3)
     parts.lock_output(out).release()
+
+
+# --- issue 15: -o naming a file, a dangling link or a link loop, as a path or a file:// URL --
+
+
+def _bad_outputs(tmp_path: Path) -> dict[str, Path]:
+    afile = tmp_path / "afile"
+    afile.write_text("x\n")
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nothing-here")
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    return {"file": afile, "dangling": dangling, "loop": loop, "under-loop": loop / "sub"}
+
+
+@pytest.mark.parametrize("kind", ["file", "dangling", "loop", "under-loop"])
+@pytest.mark.parametrize("as_url", [False, True])
+def test_issue15_pack_o_a_file_or_a_broken_link_is_one_line_naming_it(
+    tmp_path, capsys, kind, as_url
+):
+    """`-o file:///afile` (an existing file), or `-o` a dangling link or a link loop (as a
+    path or a file:// URL) said `[Errno 17] File exists` / `[Errno 40] Too many levels of
+    symbolic links` / `[Errno 20] Not a directory` after planning the pack."""
+    src = _corpus(tmp_path / "in.jsonl", n=20)
+    out = _bad_outputs(tmp_path)[kind]
+    given = f"file://{out}" if as_url else str(out)
+    assert main(["pack", str(src), "-o", given, "-q", *FIELDS]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Errno" not in err, err
+    assert err.startswith(f"roxxel pack: error: -o: {given!r}"), err
+    assert ("link to nothing" if kind != "file" else "is not a folder") in err, err
+    assert (tmp_path / "afile").read_text() == "x\n"
+    assert not (tmp_path / "nothing-here").exists()
+
+
+@pytest.mark.parametrize("kind", ["dangling", "loop", "under-loop"])
+def test_issue15_merge_o_a_broken_link_is_one_line_naming_it(tmp_path, capsys, kind):
+    src = _corpus(tmp_path / "in.jsonl", n=20)
+    part = tmp_path / "part"
+    assert main(["pack", str(src), "-o", str(part), "-q", *FIELDS]) == 0
+    out = _bad_outputs(tmp_path)[kind]
+    assert main(["merge", str(part), "-o", str(out), "-q"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Errno" not in err, err
+    assert err.startswith(f"roxxel merge: error: -o: {str(out)!r}"), err
+    assert "link to nothing" in err and "expected a local folder to merge into" in err, err
+
+
+def test_issue15_merge_o_a_url_is_refused_not_made_a_local_folder(tmp_path, capsys, monkeypatch):
+    """`roxxel merge PART -o file:///x` merged into the relative folder `file:/x`."""
+    src = _corpus(tmp_path / "in.jsonl", n=20)
+    part = tmp_path / "part"
+    assert main(["pack", str(src), "-o", str(part), "-q", *FIELDS]) == 0
+    monkeypatch.chdir(tmp_path)
+    assert main(["merge", str(part), "-o", f"file://{tmp_path}/m", "-q"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is a URL" in err, err
+    assert not (tmp_path / "file:").exists() and not (tmp_path / "m").exists()

@@ -1963,3 +1963,130 @@ def test_issue15_file_urls_of_one_folder_share_its_cache(local, tmp_path):
     again = roxxel.open_dataset(f"file://localhost{local}", cache_dir=tmp_path)
     assert again.path == first.path and _labels(again) == list(range(NUM_RECORDS))
     assert again.cache is not None and again.cache.num_fetched == 0
+
+
+# --- issue 15 red team: cache dirs, file: spellings, URL schemes ---------------------------
+
+NO_USER = "~roxxel-no-such-user-15"
+
+
+def _labels_jsonl(path: Path) -> Path:
+    path.write_text("".join(json.dumps({"label": i}) + "\n" for i in range(5)))
+    return path
+
+
+@pytest.mark.parametrize("cache_dir", ["", "   ", f"{NO_USER}/x"])
+def test_issue15_pack_to_a_url_refuses_an_empty_or_unexpandable_cache_dir(
+    tmp_path, capsys, monkeypatch, cache_dir
+):
+    """`pack -o URL --cache-dir ''` staged in ./staging, '   ' in a folder named by spaces,
+    and '~nosuchuser/x' was a bare `RuntimeError: Could not determine home directory.`"""
+    from roxxel.cli import main
+
+    src = _labels_jsonl(tmp_path / "in.jsonl")
+    monkeypatch.chdir(tmp_path)
+    argv = ["pack", str(src), "-o", f"file://{tmp_path}/out", "--field", "label:int64"]
+    assert main([*argv, "--cache-dir", cache_dir, "-q"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith(f"roxxel pack: error: --cache-dir: {cache_dir!r}"), err
+    assert "expected" in err, err
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
+
+
+@pytest.mark.parametrize("cache_dir", ["   ", f"{NO_USER}/x"])
+def test_issue15_open_dataset_refuses_a_blank_or_unexpandable_cache_dir(
+    local, tmp_path, monkeypatch, cache_dir
+):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=re.escape(f"cache_dir: {cache_dir!r}")):
+        roxxel.open_dataset(f"file://{local}", cache_dir=cache_dir)
+    assert os.listdir(tmp_path) == []
+
+
+def test_issue15_roxxel_cache_dir_unexpandable_or_blank_is_a_config_error(monkeypatch):
+    from roxxel.format.cache import default_cache_dir
+
+    for value in (f"{NO_USER}/c", "  "):
+        monkeypatch.setenv("ROXXEL_CACHE_DIR", value)
+        with pytest.raises(ConfigError, match=re.escape(f"$ROXXEL_CACHE_DIR: {value!r}")):
+            default_cache_dir()
+
+
+def test_issue15_file_colon_one_slash_is_refused_giving_the_three_slash_spelling(
+    local, tmp_path, capsys, monkeypatch
+):
+    """`-o file:/abs` (one slash: fsspec and urllib read the absolute path /abs) packed into
+    the relative folder `file:/abs` of the working folder."""
+    from roxxel.cli import main
+
+    src = _labels_jsonl(tmp_path / "in.jsonl")
+    monkeypatch.chdir(tmp_path)
+    out = f"file:{tmp_path}/out"
+    fix = f"file://{tmp_path}/out"
+    assert is_url(out) and is_url("s3:/bucket/ds") and not is_url("data/s3:/x")
+    with pytest.raises(ConfigError, match=re.escape(f"expected file://{local}")):
+        roxxel.open_dataset(f"file:{local}", cache_dir=tmp_path / "cache")
+    for argv in (
+        ["pack", str(src), "-o", out, "--field", "label:int64", "-q"],
+        ["push", str(local), out, "-q"],
+        ["pull", out, str(tmp_path / "pulled"), "-q"],
+    ):
+        assert main(argv) == 1
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and out in err and fix in err, err
+        assert "one slash" in err, err
+    with pytest.raises(ConfigError, match=re.escape("expected s3://bucket/ds")):
+        roxxel.open_dataset("s3:/bucket/ds", cache_dir=tmp_path / "cache")
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
+
+
+def test_issue15_a_file_url_naming_a_host_says_what_each_command_accepts(local, tmp_path, capsys):
+    """`fsspec_url` offered "or a plain path" to `roxxel pull` / `push`, which need a URL."""
+    from roxxel.cli import main
+
+    for argv in (
+        ["pull", "file://otherhost/ds", str(tmp_path / "pulled"), "-q"],
+        ["push", str(local), "file://otherhost/ds", "-q"],
+    ):
+        assert main(argv) == 1
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "file://otherhost/ds" in err, err
+        assert "file:///absolute/path" in err and "plain path" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("url", "hint"), [("file://host/x", "file:///absolute/path"), ("file:/x", "file:///x")]
+)
+def test_issue15_a_mixture_source_at_a_file_url_with_a_host_names_the_toml_and_source(
+    tmp_path, capsys, url, hint
+):
+    """A refused source URL names the TOML and the source; ``file:/x`` (one slash) was
+    joined onto the TOML's folder as a relative path."""
+    from roxxel.cli import main
+
+    toml = tmp_path / "mix.toml"
+    toml.write_text(
+        f'batch_size = 2\n[sources.web]\npath = "{url}"\n[[phases]]\nweights = {{web = 1}}\n'
+    )
+    assert main(["plan", str(toml), "--steps", "10"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert str(toml) in err and "sources.web" in err and url in err and hint in err, err
+    assert str(tmp_path / "file:") not in err, err
+
+
+def test_issue15_upper_case_url_schemes_are_read_as_lower_case(local, tmp_path, capsys):
+    """URL schemes are case-insensitive (RFC 3986): `FILE:///x` went to fsspec as is."""
+    from roxxel.format.remote import fsspec_url
+
+    assert fsspec_url("S3://Bucket/X") == "s3://Bucket/X"
+    assert fsspec_url("FILE:///Data/ds") == "file:///Data/ds"
+    assert fsspec_url("File://LOCALHOST/Data/ds") == "file:///Data/ds"
+    assert is_url("S3://b/x") and is_url("FILE:///x")
+    dataset = roxxel.open_dataset(f"FILE://{local}", cache_dir=tmp_path / "cache")
+    assert _labels(dataset) == list(range(NUM_RECORDS))
+    from roxxel.cli import main
+
+    assert main(["push", str(local), f"FILE://{tmp_path}/up", "-q"]) == 0
+    assert roxxel.open_dataset(tmp_path / "up").num_records == NUM_RECORDS

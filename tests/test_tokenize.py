@@ -1021,6 +1021,31 @@ def test_an_empty_tiktoken_ranks_file_says_it_holds_no_ranks(tmp_path, capsys, t
         load_tokenizer(str(ranks))
 
 
+@pytest.mark.parametrize("text", ["\n\n  \n", " ", "\t\r\n\x0c\n"])
+def test_issue14_a_tiktoken_ranks_file_of_blank_lines_says_it_holds_no_ranks(
+    tmp_path, capsys, text
+):
+    """A ranks file of whitespace-only lines said `line 3: 0 words`, where an empty one
+    says it holds no ranks: a blank line is skipped whatever its spaces."""
+    ranks = tmp_path / "blank.tiktoken"
+    ranks.write_bytes(text.encode())
+    src = _jsonl(tmp_path / "c.jsonl", ["the fox"])
+    assert _pack(src, "-o", tmp_path / "ds", "--tokenizer", ranks) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "words" not in err, err
+    assert f"--tokenizer {ranks}: holds no ranks" in err, err
+
+
+def test_issue14_a_bad_tiktoken_line_after_blank_ones_names_its_own_line(tmp_path):
+    """Lines are counted in the file, blank ones too (an editor's line numbers)."""
+    ranks = tmp_path / "ranks.tiktoken"
+    ranks.write_bytes(b"YQ== 0\n  \n\r\nYg== 1\r\n\t\nYw== 1\n")
+    with pytest.raises(
+        ConfigError, match=r"ranks\.tiktoken: line 6: rank 1 given twice \(first on line 4;"
+    ):
+        load_tokenizer(str(ranks))
+
+
 def test_a_null_kept_field_names_its_line_and_asks_to_drop_or_fill_it(toks, tmp_path, capsys):
     """`--keep-field url` over `{"text": "a", "url": null}` said `schema inference: field
     'url' is ambiguous (null values, ... e.g. --field url:int32[])`: no file, no line, and a

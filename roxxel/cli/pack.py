@@ -367,13 +367,14 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _check_folder(output: str, rule: str) -> None:
-    """Refuse ``-o`` naming a file, or a path under one, before any work: the pack would
-    plan it all, then fail at its first mkdir (``[Errno 20] Not a directory``)."""
-    path = Path(output)
-    there = next((p for p in (path, *path.parents) if p.exists()), path)
-    if there.exists() and not there.is_dir():
-        under = "" if there == path else f"{str(there)!r} is not one, "
-        raise ConfigError(f"-o: {output!r} is not a folder ({under}expected {rule})")
+    """Refuse ``-o`` naming a URL (a local folder expected), a file, a link to nothing
+    (dangling or a loop), or a path under one, before any work: the pack would plan it
+    all, then fail at its first mkdir with a raw errno (`check_local_folder`)."""
+    from roxxel.format.upload import check_local_folder
+
+    if is_url(output):  # `merge -o file:///x` made the relative folder file:/x
+        raise ConfigError(f"-o: {output!r} is a URL (expected {rule})")
+    check_local_folder(output, "-o", rule)
 
 
 def _check_image_flags(args: argparse.Namespace) -> None:
@@ -549,13 +550,15 @@ def _check_special_ids(args: argparse.Namespace, config: TokenizeConfig) -> None
             continue
         given = args.eos_id if flag == "--eos-id" else args.bos_id
         who = f"{flag} {value}" if given is not None else f"the tokenizer's {name} id {value}"
+        field, wider = config.out_field, f"{token_dtype(value + 1)}[]"
+        example = f"--field {field}:{wider}" if args.field else f'{field} = "{wider}"'
         rule = (
             f"{who} does not fit {config.dtype} (expected ids <= {high}: a wider dtype, e.g. "
-            f"{config.out_field}:{token_dtype(value + 1)}[])"
+            f"{example})"
         )
         if args.field:
-            raise UsageError(f"--field {config.out_field}:{config.dtype}[]: {rule}")
-        spec = f'{config.out_field} = "{config.dtype}[]"'
+            raise UsageError(f"--field {field}:{config.dtype}[]: {rule}")
+        spec = f'{field} = "{config.dtype}[]"'
         raise ConfigError(f"{args.schema}: {spec}: {rule}", path=args.schema)
 
 
@@ -819,7 +822,11 @@ def _waiting(args: argparse.Namespace, num_there: int, num_missing: int) -> str:
 
 def _staging(args: argparse.Namespace) -> Path:
     """This task's local folder for ``-o URL``: under the cache dir, by URL and task."""
-    base = Path(args.cache_dir).expanduser() if args.cache_dir is not None else default_cache_dir()
+    from roxxel.format.cache import cache_root  # '' or '  ' refused, ~ expanded
+
+    rule = "expected a folder, or no --cache-dir for $ROXXEL_CACHE_DIR or ~/.cache/roxxel"
+    given = args.cache_dir
+    base = default_cache_dir() if given is None else cache_root(given, "--cache-dir", rule)
     folder = CacheConfig(args.output, base).folder.name
     return base / "staging" / folder / f"task-{args.task_index}"
 

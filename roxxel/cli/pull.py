@@ -24,6 +24,7 @@ from roxxel.format.dataset import open_dataset
 from roxxel.format.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from roxxel.format.reader import Shard
 from roxxel.format.remote import is_url
+from roxxel.format.upload import check_local_folder
 
 __all__ = ["add_pull_parser"]
 
@@ -61,10 +62,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
         raise ConfigError(f"--workers: {args.workers} (expected >= 1)")
     options = storage_options(args.storage_options)
     folder = Path(args.dir)
-    if folder.exists() and not folder.is_dir():
-        raise ConfigError(
-            f"DIR: {args.dir!r} is not a folder (expected a local folder to pull into)"
-        )
+    check_local_folder(args.dir, "DIR:", "a local folder to pull into")  # links to nothing too
     config = CacheConfig(args.url, folder, options, max_fetches=args.workers)
     cache = ShardCache(config, folder=folder)
     manifest = cache.read_manifest()

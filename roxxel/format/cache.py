@@ -76,6 +76,7 @@ __all__ = [
     "CacheConfig",
     "FetchStopped",
     "ShardCache",
+    "cache_root",
     "default_cache_dir",
     "num_missing",
     "num_queued",
@@ -147,10 +148,48 @@ def _caches() -> list[ShardCache]:
 
 
 def default_cache_dir() -> Path:
-    """``$ROXXEL_CACHE_DIR``, else ``~/.cache/roxxel``."""
-    return Path(
-        os.environ.get("ROXXEL_CACHE_DIR") or Path.home() / ".cache" / "roxxel"
-    ).expanduser()
+    """``$ROXXEL_CACHE_DIR``, else ``~/.cache/roxxel`` (``~`` expanded; a blank one, or a
+    ``~user`` with no home folder here, is a `ConfigError`: see `cache_root`)."""
+    value = os.environ.get("ROXXEL_CACHE_DIR")
+    if value:
+        return _folder(
+            value, "$ROXXEL_CACHE_DIR", "expected a folder, or unset for ~/.cache/roxxel"
+        )
+    return _folder("~/.cache/roxxel", "the default cache dir", "expected a home folder")
+
+
+def cache_root(
+    cache_dir: str | os.PathLike[str] | None,
+    where: str = "cache_dir",
+    rule: str = "expected a folder, or None for $ROXXEL_CACHE_DIR or ~/.cache/roxxel",
+) -> Path:
+    """The cache folder ``cache_dir`` names, ``~`` expanded; None: `default_cache_dir`. The
+    one check of a cache dir given (`open_dataset`, ``roxxel pack -o URL --cache-dir``).
+
+    Raises:
+        ConfigError: naming ``where`` and the value: empty or blank (``Path('')`` is the
+            working folder, ``'  '`` a folder named by spaces), or a ``~user`` that names
+            no home folder here.
+    """
+    if cache_dir is None:
+        return default_cache_dir()
+    return _folder(os.fspath(cache_dir), where, rule)
+
+
+def _folder(value: str, where: str, rule: str) -> Path:
+    if not value.strip():
+        raise ConfigError(f"{where}: {value!r} ({rule}; not an empty or blank name)")
+    try:
+        path = Path(value).expanduser()
+    except RuntimeError:  # ~user of no user, or ~ with no $HOME nor user entry
+        path = None
+    if path is None or path.parts[0].startswith("~"):
+        user = value.split("/", 1)[0]
+        raise ConfigError(
+            f"{where}: {value!r}: {user} names no home folder on this machine ({rule})",
+            path=value,
+        )
+    return path
 
 
 @dataclass(frozen=True, slots=True)

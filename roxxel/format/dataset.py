@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from roxxel.errors import ConfigError, FormatError, without_credentials
-from roxxel.format.cache import CacheConfig, ShardCache, default_cache_dir
+from roxxel.format.cache import CacheConfig, ShardCache, cache_root
 from roxxel.format.gather import (
     Batch,
     Group,
@@ -387,7 +387,8 @@ def open_dataset(
     decode or allocate (default 4 GiB or ``$ROXXEL_MAX_DECODED_BYTES``). A URL
     (``s3://bucket/ds``, any fsspec URL; docs/remote.md) is read through a verified local
     cache in ``cache_dir`` (default ``$ROXXEL_CACHE_DIR`` or ``~/.cache/roxxel``), shared by
-    the processes of a host (``~`` expanded; an empty one is a ConfigError);
+    the processes of a host (``~`` expanded; an empty or blank one, or a ``~user`` with no
+    home folder here, is a ConfigError);
     ``storage_options`` go to fsspec; ``cache_limit_bytes`` evicts least recently used shards
     no mapping holds. Cache options for a local path are a ConfigError.
     """
@@ -399,14 +400,9 @@ def open_dataset(
                 " URL such as s3://bucket/ds with cache_dir, storage_options, cache_limit_bytes)"
             )
         return Dataset(path, verify=verify, max_decoded_bytes=max_decoded_bytes)
-    if cache_dir is not None and not os.fspath(cache_dir):  # Path("") is the working folder
-        raise ConfigError(
-            "open_dataset: cache_dir: '' (expected a folder, or None for $ROXXEL_CACHE_DIR"
-            " or ~/.cache/roxxel)"
-        )
     config = CacheConfig(
         str(path),
-        Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir(),
+        cache_root(cache_dir, "open_dataset: cache_dir"),  # '' or '  ' refused, ~ expanded
         {} if storage_options is None else storage_options,
         cache_limit_bytes,
     )

@@ -29,8 +29,10 @@ __all__ = ["FetchPolicy", "RemoteStore", "fsspec_url", "is_url", "join_url"]
 
 T = TypeVar("T")
 
-# a scheme of at least two letters, so "C:\\data" (a Windows drive) is not a URL
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
+# a scheme of at least two letters, so "C:\\data" (a Windows drive) is not a URL; one slash
+# after it ("file:/abs", read by fsspec as /abs) is a URL misspelt, that `fsspec_url` refuses
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")
+_LOCAL_SCHEMES = ("file", "local")
 # a URL of the local file system: its scheme, its host (up to the next "/"), its path
 _FILE_URL = re.compile(r"^(file|local)://([^/]*)(.*)$", re.IGNORECASE | re.DOTALL)
 # the extra that installs a protocol's package
@@ -46,34 +48,53 @@ _MISSING = tuple(_MISSING_ERRNO)
 
 def is_url(path: object) -> bool:
     """Whether ``path`` names a dataset through fsspec (``s3://``, ``gs://``, ``file://`` ...).
+    Schemes are case-insensitive (RFC 3986). ``file:/abs`` (one slash) is a URL too, one that
+    `fsspec_url` refuses: not a local folder named ``file:``.
 
-    >>> is_url("s3://bucket/ds"), is_url("data/ds"), is_url("C:\\\\data")
-    (True, False, False)
+    >>> is_url("s3://bucket/ds"), is_url("S3://bucket/ds"), is_url("data/ds")
+    (True, True, False)
+    >>> is_url("C:\\\\data"), is_url("file:/abs")
+    (False, True)
     """
     return isinstance(path, str) and _URL.match(path) is not None
 
 
 def fsspec_url(url: str) -> str:
-    """``url`` as fsspec is to open it: a file URL without its host. In a file URL the part
-    between ``file://`` and the next ``/`` is a host (RFC 8089), where fsspec would read the
-    first folder of a path relative to the working one: empty or ``localhost`` is this
-    machine and is dropped; any other (``file://ds``, a relative path, included) is refused.
+    """``url`` as fsspec is to open it: its scheme in lower case (schemes are case-insensitive,
+    RFC 3986) and a file URL without its host. In a file URL the part between ``file://`` and
+    the next ``/`` is a host (RFC 8089), where fsspec would read the first folder of a path
+    relative to the working one: empty or ``localhost`` is this machine and is dropped; any
+    other (``file://ds``, a relative path, included) is refused. One slash after the scheme
+    (``file:/abs``, which fsspec reads as ``/abs``) is refused, giving the two-slash spelling.
 
-    >>> fsspec_url("file://localhost/data/ds"), fsspec_url("s3://bucket/ds")
+    >>> fsspec_url("file://localhost/data/ds"), fsspec_url("S3://bucket/ds")
     ('file:///data/ds', 's3://bucket/ds')
 
     Raises:
-        ConfigError: a file URL naming another host or a relative path.
+        ConfigError: a file URL naming another host or a relative path, or a URL with one
+            slash after its scheme.
     """
+    if not is_url(url):
+        return url
+    given, _, rest = url.partition(":")
+    scheme = given.lower()
+    if not rest.startswith("//"):
+        local = scheme in _LOCAL_SCHEMES
+        fix = f"{scheme}://{rest}" if local else f"{scheme}:/{rest}"
+        meant = f", the URL of the absolute path {rest}" if local else ""
+        raise ConfigError(
+            f"{url}: one slash after {given}: where a URL has two (expected {fix}{meant})",
+            path=url,
+        )
     match = _FILE_URL.match(url)
     if match is None:
-        return url
-    scheme, host, path = match.groups()
+        return f"{scheme}:{rest}"
+    _, host, path = match.groups()
     if host and host.lower() != "localhost":
         raise ConfigError(
             f"{url}: a host or a relative path after {scheme}:// (expected"
-            f" {scheme}:///absolute/path or {scheme}://localhost/absolute/path on this machine,"
-            " or a plain path)",
+            f" {scheme}:///absolute/path or {scheme}://localhost/absolute/path on this"
+            " machine)",
             path=url,
         )
     return f"{scheme}://{path or '/'}"
@@ -142,7 +163,7 @@ class RemoteStore:
         with self._lock:
             if self._fs is None:
                 self._fs = _filesystem(self._fsspec_url, self.storage_options)
-                protocol = self.url.split("://", 1)[0]
+                protocol = self._fsspec_url.split("://", 1)[0]
                 self._direct = direct_reader(protocol, self._fs[0], self.storage_options)
             return self._fs
 

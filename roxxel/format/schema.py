@@ -163,23 +163,21 @@ class Field:
         """
         if self.kind == "str":
             if not isinstance(value, str):
-                raise ConfigError(
-                    f"{where}: field {self.name!r} wants str ({type(value).__name__})"
-                )
+                raise ConfigError(f"{where}: field {self.name!r} wants str ({_type_word(value)})")
             return memoryview(value.encode("utf-8"))
         if self.kind == "bytes":
             if isinstance(value, bytes | bytearray | memoryview):
                 return memoryview(value).cast("B")
             if isinstance(value, np.ndarray) and value.dtype == np.uint8 and value.ndim == 1:
                 return _raw(value)
-            raise ConfigError(f"{where}: field {self.name!r} wants bytes ({type(value).__name__})")
-        array = _exact_cast(np.asarray(value), self, where)
+            raise ConfigError(f"{where}: field {self.name!r} wants bytes ({_type_word(value)})")
+        array = _exact_cast(_as_array(value, self, where), self, where)
         self._check_shape(array.shape, where)
         return _raw(array)
 
     def batch_to_bytes(self, values: Any, num: int, where: str) -> memoryview:
         """Check ``num`` fixed-shape values stacked as one array; return their raw bytes."""
-        array = _exact_cast(np.asarray(values), self, where)
+        array = _exact_cast(_as_array(values, self, where), self, where)
         if array.shape != (num, *self.shape):
             raise ConfigError(
                 f"{where}: field {self.name!r} batch of shape {array.shape}"
@@ -234,6 +232,29 @@ class Field:
             )
 
 
+def _as_array(value: Any, field: Field, where: str) -> np.ndarray:
+    """``np.asarray(value)``, or ConfigError for nested lists of different lengths (numpy's
+    words: "setting an array element with a sequence ... inhomogeneous shape")."""
+    try:
+        return np.asarray(value)
+    except ValueError:
+        raise ConfigError(f"{where}: {ragged_lists(field)}") from None
+
+
+def ragged_lists(field: Field) -> str:
+    """The refusal of ragged nested lists (``[[1, 2], [3]]``) for ``field``."""
+    return (
+        f"field {field.name!r} holds ragged nested lists (inner lists of different "
+        f"lengths, expected {field.spec}: only a field's first dimension varies, its inner "
+        f"lists are all of one length)"
+    )
+
+
+def _type_word(value: Any) -> str:
+    """A value's type in words: ``null`` for None (a JSON null), else its type's name."""
+    return "null" if value is None else type(value).__name__
+
+
 def _raw(array: np.ndarray) -> memoryview:
     """The bytes of an array, C order, as a flat memoryview (works for empty arrays too)."""
     return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))  # pyright: ignore[reportArgumentType]
@@ -267,6 +288,14 @@ def _is_float(dtype: np.dtype) -> bool:
 _KIND_WORDS = {"U": "string", "S": "bytes", "O": "object", "M": "datetime", "m": "timedelta"}
 
 
+def _kind_words(array: np.ndarray) -> str:
+    """``_KIND_WORDS`` of an array's dtype; ``null`` for an object array holding a None (a
+    JSON null, which numpy holds as an object)."""
+    if array.dtype.kind == "O" and any(v is None for v in array.flat):
+        return "null"
+    return _KIND_WORDS.get(array.dtype.kind, array.dtype.name)
+
+
 def _exact_cast(array: np.ndarray, field: Field, where: str) -> np.ndarray:
     target = field.dtype
     if array.dtype == target == np.bool_:  # a bool viewed from other bytes: store 0 or 1 (R18)
@@ -279,8 +308,7 @@ def _exact_cast(array: np.ndarray, field: Field, where: str) -> np.ndarray:
     src = array.dtype
     if not (src.kind in "biu" or _is_float(src)) or (target.kind in "biu" and _is_float(src)):
         raise ConfigError(
-            f"{where}: field {field.name!r} got {_KIND_WORDS.get(src.kind, src.name)} values"
-            f" (expected {field.spec})"
+            f"{where}: field {field.name!r} got {_kind_words(array)} values (expected {field.spec})"
         )
     if _is_float(target) and _is_float(src):
         return _float_cast(array, field, where)

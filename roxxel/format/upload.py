@@ -22,9 +22,11 @@ upload their shards and markers separately (`roxxel.ingest.parts`).
 
 from __future__ import annotations
 
+import errno
 import os
 import queue
 import shutil
+import stat
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -38,6 +40,7 @@ from roxxel.format.spec import HEADER_BYTES, TRAILER_BYTES, Trailer, fail, parse
 
 __all__ = [
     "check_destination",
+    "check_local_folder",
     "list_objects",
     "published_trailer",
     "put_bytes",
@@ -127,11 +130,51 @@ def _check_place(url: str, where: str) -> None:
     """
     if not is_url(url):
         raise ConfigError(f"{where} {url!r} is not a URL (expected e.g. s3://bucket/ds)")
-    if not fsspec_url(url).split("://", 1)[1].strip("/"):
+    scheme, _, path = fsspec_url(url).partition("://")
+    if not path.strip("/"):
         raise ConfigError(
             f"{where} {url!r} names no bucket or folder (expected a bucket or folder after"
             " the scheme, e.g. s3://bucket/ds)"
         )
+    if scheme in ("file", "local"):
+        check_local_folder(
+            path, where, f"a folder at the {scheme}:// URL, or nothing there yet", url
+        )
+
+
+def check_local_folder(
+    path: str | os.PathLike[str], where: str, rule: str, shown: str | None = None
+) -> None:
+    """Refuse, before any work, a local ``path`` to make or fill a folder at that is a file,
+    a link to nothing (dangling, or a loop), or lies under one: the work would fail later
+    with a raw ``[Errno 20] Not a directory``, ``[Errno 17] File exists`` or ``[Errno 40]
+    Too many levels of symbolic links``. The `ConfigError` names ``where``, then ``shown``
+    (default ``path``: a URL, say), then ``rule`` (what was expected)."""
+    target = Path(path)
+    label = f"{where.rstrip(':')}: {str(path) if shown is None else shown!r}"
+    for place in (target, *target.parents):
+        try:
+            found = place.stat()
+        except OSError as exc:
+            if place.is_symlink():
+                broken = "dangling or a loop"
+                said = (
+                    f"is a link to nothing ({broken}"
+                    if place == target
+                    else f"is under a link to nothing ({str(place)!r}: {broken}"
+                )
+                raise ConfigError(f"{label} {said}, expected {rule})", path=place) from None
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                continue  # not there yet, or under a file or a loop, met further up
+            why = exc.strerror or type(exc).__name__
+            raise ConfigError(
+                f"{label}: {str(place)!r} cannot be looked at ({why}, expected {rule})",
+                path=place,
+            ) from None
+        if not stat.S_ISDIR(found.st_mode):
+            under = "" if place == target else f"{str(place)!r} is not one, "
+            raise ConfigError(f"{label} is not a folder ({under}expected {rule})", path=place)
+        return
 
 
 def put_files(
@@ -253,7 +296,7 @@ def _filesystem(store: RemoteStore) -> tuple[Any, str]:
     Set on the client in use before each PUT: s3fs makes a new one after its session closed.
     """
     fs, root = store.filesystem()
-    if store.url.split("://", 1)[0] in ("s3", "s3a"):  # the client is made here, if new
+    if store.url.split("://", 1)[0].lower() in ("s3", "s3a"):  # the client is made here
         store.retry(
             store.url,
             lambda: fs.s3.meta.events.register(

@@ -24,7 +24,7 @@ from typing import Any, Literal
 import numpy as np
 
 from roxxel.errors import ConfigError
-from roxxel.format.schema import Field
+from roxxel.format.schema import MAX_FIELD_NAME, Field, ragged_lists
 from roxxel.ingest.units import Record
 
 __all__ = ["infer_schema", "max_record_bytes", "project_record"]
@@ -46,13 +46,15 @@ class _Guess:
     negative: bool = False  # a Python number below zero
 
 
-_Kind = Literal["ambiguous", "null", "range"]
+_Kind = Literal["ambiguous", "convert", "ragged", "missing", "null", "range"]
 
 
 class _Unclear(ValueError):
     """Why no one spec fits a field: ``why`` (what was found), the sample that shows it
     (``at``; None: the value guessed, placed by the caller), and ``kind``: "ambiguous"
-    (pass --field), "null" (no type holds one) or "range" (no 64-bit integer holds it)."""
+    (--field decides), "convert" (values no one spec takes: --map makes them one),
+    "ragged" (nested lists of different lengths), "missing" (from some records), "null"
+    (no type holds one) or "range" (no 64-bit integer holds it)."""
 
     def __init__(self, why: str, at: int | None = None, kind: _Kind = "ambiguous") -> None:
         super().__init__(why)
@@ -72,7 +74,7 @@ def _python_dtype(leaves: list[Any], int_dtype: str, float_dtype: str) -> str:
     if kinds == {bool}:
         return "bool"
     if bool in kinds or not kinds <= {int, float}:
-        raise _Unclear(f"values of types {sorted(k.__name__ for k in kinds)}")
+        raise _Unclear(f"values of types {sorted(k.__name__ for k in kinds)}", kind="convert")
     ints = [v for v in leaves if type(v) is int]
     if ints and (min(ints) < _INT64[0] or max(ints) > _UINT64_MAX):
         bad = min(ints) if min(ints) < _INT64[0] else max(ints)
@@ -96,15 +98,24 @@ def _guess(value: Any, int_dtype: str, float_dtype: str) -> _Guess:
             if any(isinstance(v, list) for v in leaves):
                 raise ValueError
         except ValueError:
-            raise _Unclear("ragged nested lists") from None
+            raise _Unclear("inner lists of different lengths", kind="ragged") from None
         dtype = _python_dtype(leaves, int_dtype, float_dtype) if leaves else ""
         negative = any(type(v) is not bool and v < 0 for v in leaves)
         return _Guess("array", dtype, shape, True, negative)
     if isinstance(value, np.ndarray | np.generic):
         if value.dtype.kind not in "biuf":
-            raise _Unclear(f"numpy dtype {value.dtype}")
+            raise _Unclear(f"numpy dtype {value.dtype}", kind="convert")
         return _Guess("array", value.dtype.name, np.shape(value), False)
-    raise _Unclear(f"a {type(value).__name__} value")
+    raise _Unclear(f"a {type(value).__name__} value", kind="convert")
+
+
+def _word(guess: _Guess) -> str:
+    """A guessed value's kind in words, for a message (not "array" for a JSON number)."""
+    if guess.kind != "array":
+        return "string" if guess.kind == "str" else guess.kind
+    if guess.shape:
+        return "list" if guess.from_python else "array"
+    return "bool" if guess.dtype == "bool" else "number"
 
 
 def _first_unlike(keys: list[Any]) -> int:
@@ -130,14 +141,18 @@ def _merge_dtype(guesses: list[_Guess]) -> str:
             return "uint64"  # non-negative ints, some beyond int64
     first = next(g.dtype for g in guesses if g.dtype)
     at = next(i for i, g in enumerate(guesses) if g.dtype and g.dtype != first)
-    raise _Unclear(f"dtypes {sorted(dtypes)}", at)
+    # Python numbers no one dtype holds (bools among numbers, negatives with ints past
+    # int64) need converting; numpy values of several dtypes take a --field one exactly
+    kind: _Kind = "convert" if all(g.from_python for g in guesses) else "ambiguous"
+    raise _Unclear(f"dtypes {sorted(dtypes)}", at, kind)
 
 
 def _merge_shape(guesses: list[_Guess], fixed_arrays: bool) -> str:
     shapes = {g.shape for g in guesses}
     ranks = {len(s) for s in shapes}
     if len(ranks) > 1:
-        raise _Unclear(f"ranks {sorted(ranks)}", _first_unlike([len(g.shape) for g in guesses]))
+        at = _first_unlike([len(g.shape) for g in guesses])
+        raise _Unclear(f"ranks {sorted(ranks)}", at, "convert")
     rank = ranks.pop()
     if rank == 0:
         return ""
@@ -146,7 +161,7 @@ def _merge_shape(guesses: list[_Guess], fixed_arrays: bool) -> str:
     inner = {s[1:] for s in shapes}
     if len(inner) > 1:
         at = _first_unlike([g.shape[1:] for g in guesses])
-        raise _Unclear(f"inner shapes {sorted(inner)} differ", at)
+        raise _Unclear(f"inner shapes {sorted(inner)} differ between records", at, "ragged")
     return "[" + ",".join([""] + [str(d) for d in inner.pop()]) + "]"
 
 
@@ -164,7 +179,9 @@ def _field_spec(values: list[Any], fixed_arrays: bool, int_dtype: str, float_dty
             raise
     kinds = {g.kind for g in guesses}
     if len(kinds) > 1:
-        raise _Unclear(f"mixed kinds {sorted(kinds)}", _first_unlike([g.kind for g in guesses]))
+        words = sorted({_word(g) for g in guesses})
+        at = _first_unlike([g.kind for g in guesses])
+        raise _Unclear(f"mixed kinds {words}", at, "convert")
     kind = kinds.pop()
     if kind != "array":
         return kind
@@ -220,6 +237,11 @@ def infer_schema(
     samples = list(records)
     if not samples:
         raise ConfigError("schema inference: no records to infer from (expected --field NAME:SPEC)")
+
+    def place(i: int) -> str:
+        return f"{where(i)}: " if where is not None else f"sample {i}: "
+
+    _check_names(samples, place)
     names = list(samples[0])
     specs: dict[str, str | _Unclear] = {}
     for name in names:
@@ -236,8 +258,29 @@ def infer_schema(
     name, e = unclear
     flags = {**(given or {}), **{n: s if isinstance(s, str) else "SPEC" for n, s in specs.items()}}
     flags[name] = _example([r[name] for r in samples if name in r], int_dtype, float_dtype)
-    place = f"{where(e.at or 0)}: " if where is not None else f"sample {e.at or 0}: "
-    raise ConfigError(f"{place}schema inference: field {name!r} {_refusal(name, e, flags)}")
+    at = e.at or 0
+    raise ConfigError(f"{place(at)}schema inference: field {name!r} {_refusal(name, e, flags)}")
+
+
+def _check_names(samples: list[Record], place: Callable[[int], str]) -> None:
+    """Refuse a field name no schema takes (a space, ``:``, a leading ``-``, non-ASCII, a
+    newline: `Field.parse`'s rule), naming the first sample holding it: neither --field
+    nor --schema can give it, so the hint is --map (``name`` shown as its repr)."""
+    seen: set[str] = set()
+    for i, record in enumerate(samples):
+        for name in record:
+            if name in seen:
+                continue
+            try:
+                Field.parse(name, "str")
+            except ConfigError:
+                raise ConfigError(
+                    f"{place(i)}schema inference: field {name!r} has a name no schema takes "
+                    f"(expected [A-Za-z_][A-Za-z0-9_.-]*, at most {MAX_FIELD_NAME} characters:"
+                    " rename it with --map, or leave it out: pass --field NAME:SPEC for the "
+                    "other fields)"
+                ) from None
+            seen.add(name)
 
 
 def _missing(samples: list[Record], names: list[str]) -> tuple[str, _Unclear] | None:
@@ -245,7 +288,7 @@ def _missing(samples: list[Record], names: list[str]) -> tuple[str, _Unclear] | 
     for i, record in enumerate(samples):
         if list(record) != names and set(record) != set(names):
             missing = sorted(set(names) ^ set(record))
-            return missing[0], _Unclear("present in some records only", i)
+            return missing[0], _Unclear("present in some records only", i, "missing")
     return None
 
 
@@ -263,6 +306,24 @@ def _refusal(name: str, e: _Unclear, flags: dict[str, str]) -> str:
         )
     example = " ".join(f"--field {n}:{s}" for n, s in flags.items())
     more = " and the other fields" if len(flags) > 1 else ""
+    skip = f"or pass --field {name}:SPEC{more} with --skip-bad to skip the records"
+    if e.kind == "missing":  # --field alone fails on the first record without it
+        return (
+            f"is missing from some records (expected it in every record: fill it in with "
+            f"--map, or leave it out (pass --field NAME:SPEC for the others), {skip} without "
+            f"it, e.g. {example})"
+        )
+    if e.kind == "ragged":
+        return (
+            f"holds ragged nested lists ({e.why}, expected inner lists of one length: only a "
+            f"field's first dimension varies; pad or flatten them with --map, {skip} holding "
+            f"them, e.g. {example})"
+        )
+    if e.kind == "convert":  # no --field spec takes them all
+        return (
+            f"is ambiguous ({e.why}, expected values of one type in every record: convert "
+            f"them to one with --map, {skip} unlike it, e.g. {example})"
+        )
     return (
         f"is ambiguous ({e.why}, expected one clear type: pass --field {name}:SPEC{more}, "
         f"e.g. {example})"
@@ -324,8 +385,8 @@ def _list_array(value: list[Any], field_: Field) -> Any:
             return array
     try:
         array = np.asarray(value)
-    except ValueError as e:  # ragged nested lists
-        raise ConfigError(f"field {field_.name!r}: {e} (expected {field_.spec})") from None
+    except ValueError:  # ragged nested lists: numpy's words are "inhomogeneous shape"
+        raise ConfigError(ragged_lists(field_)) from None
     target = field_.dtype
     if array.size == 0:  # e.g. [[]]: no value to check; the writer judges the shape
         return array.astype(target)

@@ -293,7 +293,7 @@ def _read_ranks(path: str) -> dict[bytes, int]:
     with open(path, "rb") as f:  # readable: file_sha256 read it
         lines = f.read().splitlines()
     for number, line in enumerate(lines, 1):
-        if not line:
+        if not line.strip():  # blank, or spaces only: no rank (nor "0 words")
             continue
         where = f"--tokenizer {path}: line {number}"
         token, rank = _rank_line(line, where, path)

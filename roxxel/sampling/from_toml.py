@@ -9,6 +9,7 @@ errors naming the file and the table: a typo never silently changes a training r
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Callable, Mapping, Sized
 from dataclasses import dataclass
@@ -18,13 +19,24 @@ from typing import Any
 from roxxel.errors import ConfigError
 from roxxel.sampling.phases import Cap, Phase
 
-__all__ = ["MixtureArgs", "OpenSource", "mixture_args", "read_toml"]
+__all__ = ["MixtureArgs", "OpenSource", "looks_like_url", "mixture_args", "read_toml"]
 
 OpenSource = Callable[[str, Mapping[str, Any]], Sized]
 """``open_source(name, spec) -> source``: ``spec`` is the source's table without its cap
 keys, with ``path`` resolved against the TOML file's folder."""
 
 _INT, _NUMBER = (int, "an integer"), ((int, float), "a number")
+# a scheme then a slash: a URL (`roxxel.format.remote.is_url`'s rule, which sampling does not
+# import), "file:/abs" included, which the opener refuses rather than a relative folder
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")
+
+
+def looks_like_url(path: str) -> bool:
+    """Whether a source's ``path`` is a URL (kept as it is, not resolved against the TOML's
+    folder)."""
+    return _URL.match(path) is not None
+
+
 _TOP_KEYS = {
     "seed": _INT,
     "shuffle": (bool, "true or false"),
@@ -106,7 +118,7 @@ def _open_sources(where: str, tables: object, open_source: OpenSource, base_dir:
             raise ConfigError(
                 f"{where}: sources.{name}.path: missing ({path!r}, expected a path string)"
             )
-        if base_dir is not None and not Path(path).is_absolute() and "://" not in path:
+        if base_dir is not None and not Path(path).is_absolute() and not looks_like_url(path):
             spec["path"] = str(base_dir / path)  # a URL (s3://...) stays as it is
         cap = {key: spec.pop(key) for key in _CAP_KEYS if key in spec}
         _check_keys(f"{where}: sources.{name}", cap, _CAP_KEYS)

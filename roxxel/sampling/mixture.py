@@ -23,8 +23,8 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from roxxel.errors import ConfigError, check_int
-from roxxel.sampling.from_toml import OpenSource, mixture_args, read_toml
+from roxxel.errors import ConfigError, check_int, without_credentials
+from roxxel.sampling.from_toml import OpenSource, looks_like_url, mixture_args, read_toml
 from roxxel.sampling.interleave import PhaseStream
 from roxxel.sampling.order import check_count, records_for_sources
 from roxxel.sampling.phases import (
@@ -177,7 +177,9 @@ class Mixture:
     ) -> Mixture:
         """`from_toml` for an already parsed document (a dict); ``base_dir`` resolves
         relative source paths and ``where`` prefixes error messages."""
-        args = mixture_args(config, open_source, base_dir=base_dir, where=where)
+        args = mixture_args(
+            config, _naming_urls(open_source, where), base_dir=base_dir, where=where
+        )
         try:
             return cls(args.sources, args.phases, **args.options)
         except ConfigError as error:
@@ -451,6 +453,26 @@ class Mixture:
             f"Mixture(sources={{{sizes}}}, {schedule}, batch_size={self.batch_size}, "
             f"seed={self.seed}{extra})"
         )
+
+
+def _naming_urls(open_source: OpenSource, where: str) -> OpenSource:
+    """``open_source`` whose refusal of a source's URL (``file://host/x``, say: a message
+    that starts with the URL) also names the file (``where``) and the source."""
+
+    def opened(name: str, spec: Mapping[str, Any]) -> Sized:
+        try:
+            return open_source(name, spec)
+        except ConfigError as error:
+            url = spec.get("path")
+            if not isinstance(url, str) or not looks_like_url(url):
+                raise
+            if not str(error).startswith(without_credentials(url)):
+                raise
+            raise ConfigError(
+                f"{where}: sources.{name}.path: {error}", rule=error.rule, path=error.path
+            ) from None
+
+    return opened
 
 
 def _joined(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:

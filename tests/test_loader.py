@@ -523,6 +523,34 @@ def test_prefetcher_threads_hand_over_in_step_order_and_begin_in_step_order(thre
     assert not prefetcher.alive
 
 
+def test_issue14_a_slow_step_does_not_hold_up_the_other_threads():
+    """Thread i took steps i, i + N, ...: while step 0's job ran, the other thread made
+    step 1, then waited for step 0's thread to begin step 2 before it could begin step 3.
+    A free thread now takes the next step, up to depth + threads steps begun."""
+    release, made = threading.Event(), []
+
+    def begin(step):
+        def job():
+            if step == 0:
+                assert release.wait(30)
+            made.append(step)
+            return step
+
+        return job
+
+    prefetcher = Prefetcher(begin, start=0, depth=2, threads=2)
+    try:
+        deadline = time.monotonic() + 30
+        while len(made) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sorted(made) == [1, 2, 3]  # step 0 still running: 4 begun, no more
+    finally:
+        release.set()
+    assert [prefetcher.get() for _ in range(6)] == [(s, s) for s in range(6)]
+    prefetcher.close()
+    assert not prefetcher.alive
+
+
 @pytest.mark.parametrize("where", ["begin", "job"])
 def test_prefetcher_threads_raise_at_the_failing_step_and_join(where):
     def begin(step):

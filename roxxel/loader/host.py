@@ -222,12 +222,13 @@ class Prefetcher:
 
     ``begin(step)`` returns None when the stream has ended, else the step's job: a callable
     that makes its item. ``begin`` runs in step order, one call at a time; the jobs run in
-    ``threads`` producer threads, thread i taking steps start + i, start + i + threads, ...,
-    so up to ``threads`` jobs run at once, each handing its item straight to the consumer
-    (the loader's host threads: no thread in between). About ``depth`` items wait in all.
-    ``get`` returns ``(step, item)`` in step order, None at the end, and raises the
-    exception ``begin`` or a job raised (the original object, with its traceback), at the
-    step it was raised for.
+    ``threads`` producer threads: a thread that is free takes the next step (it calls
+    ``begin``, then runs the job while the others run theirs), so a thread never waits on
+    another's slower job to start its next one. Each item goes straight to the consumer (the
+    loader's host threads: no thread in between). At most ``depth + threads`` steps are
+    begun and not yet taken. ``get`` returns ``(step, item)`` in step order, None at the
+    end, and raises the exception ``begin`` or a job raised (the original object, with its
+    traceback), at the step it was raised for.
 
     With ``finish``, one more thread turns each item into ``finish(step, item)``, in step
     order, while the producers make the next ones (the loader's gather and its host-to-device
@@ -258,19 +259,23 @@ class Prefetcher:
         self._timings = timings if timings is not None else Timings()
         self._stop = threading.Event()
         self._done = False
-        # the turn to call begin passes from producer i to i + 1 (a C wait, as _Channel's)
-        self._batons: list[queue.SimpleQueue[None]] = [queue.SimpleQueue() for _ in range(threads)]
-        self._batons[0].put(None)
-        self._over = False  # set before the turn passes on: begin's stream ended or failed
-        # producer i's items, in its steps' order: the consumer (or finish) takes them in turn
-        waiting = depth if finish is None else handoff
-        self._stripes = [_Channel(-(-waiting // threads)) for _ in range(threads)]
-        self._taken = 0  # items taken from the stripes (by get, or by the finishing thread)
+        self._turn = threading.Lock()  # held around begin: one call at a time, in step order
+        self._next = start  # the step the next free producer begins (under _turn)
+        self._over = False  # begin's stream ended, or a step failed: begin no further
+        # a place per step begun and not yet taken: step s's entry goes to slot s % n, and a
+        # producer takes a place before it begins a step, so those steps' slots all differ
+        num_slots = (depth if finish is None else handoff) + threads
+        self._slots: list[queue.SimpleQueue[object]] = [
+            queue.SimpleQueue() for _ in range(num_slots)
+        ]
+        self._room: queue.SimpleQueue[None] = queue.SimpleQueue()
+        for _ in range(num_slots):
+            self._room.put(None)
+        self._taken = start  # the step taken next (by get, or by the finishing thread)
         self._queue: _Channel | None = None  # finish's output
         names = ["roxxel-loader"] if threads == 1 else [f"roxxel-host-{i}" for i in range(threads)]
         self._producers = [
-            threading.Thread(target=self._run, args=(start + i, i), name=name, daemon=True)
-            for i, name in enumerate(names)
+            threading.Thread(target=self._run, name=name, daemon=True) for name in names
         ]
         self._threads = list(self._producers)
         if finish is not None:
@@ -304,17 +309,18 @@ class Prefetcher:
         return cast(tuple[int, object], entry)
 
     def _take(self) -> object:
-        """The next entry from the producers, in step order; _END once they are gone."""
-        stripe = self._stripes[self._taken % len(self._stripes)]
+        """The next step's entry from the producers; _END once they are gone."""
+        slot = self._slots[self._taken % len(self._slots)]
         while True:
             try:
-                entry = stripe.get(timeout=0.1)
+                entry = slot.get(timeout=0.1)
             except queue.Empty:
-                producer = self._producers[self._taken % len(self._producers)]
-                if self._stop.is_set() or (not producer.is_alive() and stripe.empty()):
-                    return _END  # a producer always enqueues its end; belt and braces
+                gone = not any(p.is_alive() for p in self._producers)
+                if self._stop.is_set() or (gone and slot.empty()):
+                    return _END  # a producer always hands over the end; belt and braces
                 continue
             self._taken += 1
+            self._room.put(None)
             return entry
 
     def _take_finished(self) -> object:
@@ -344,63 +350,58 @@ class Prefetcher:
         return any(thread.is_alive() for thread in self._threads)
 
     def _drain(self) -> None:
-        for q in (*self._stripes, self._queue):
+        for q in (*self._slots, self._queue):
             try:
                 while q is not None:
                     q.get_nowait()
             except queue.Empty:
                 continue
 
-    def _run(self, step: int, index: int) -> None:
-        out, every = self._stripes[index], len(self._stripes)
-        try:
-            with stoppable_waits(self._stop):  # close does not wait for a shard's download
-                self._produce(step, index, every)
-            self._put(out, _END)
-        except BaseException as error:  # handed to the consumer at its step, never dropped
-            self._over = True  # the other producers stop at their next turn
-            self._put(out, _Failure(error))
+    def _run(self) -> None:
+        with stoppable_waits(self._stop):  # close does not wait for a shard's download
+            while self._produce_one():
+                pass
 
-    def _produce(self, step: int, index: int, every: int) -> None:
-        """Make this producer's items, ``every`` steps apart from ``step``, until the end or
-        a stop."""
-        out = self._stripes[index]
-        while not self._stop.is_set():
-            job = self._begin_in_turn(step, index)
-            if job is None:
-                return
-            item = job()
-            del job
-            began = time.perf_counter()
-            self._put(out, (step, item))
-            if self._queue is None:
-                self._counted(began)
-            del item
-            step += every
-
-    def _begin_in_turn(self, step: int, index: int) -> Callable[[], object] | None:
-        """``begin(step)`` once ``begin(step - 1)`` returned (producer ``index`` holds the
-        turn); None at the end or on stop."""
-        turn = self._batons[index]
-        while True:
+    def _produce_one(self) -> bool:
+        """Take a place, begin the next step and run its job; False once there is none
+        (the end, a failure, or a stop). Errors go to the consumer at their step, never
+        dropped."""
+        began = time.perf_counter()
+        while True:  # a place: a step taken by the consumer (or the first ones)
             try:
-                turn.get(timeout=0.1)
+                self._room.get(timeout=0.1)
                 break
             except queue.Empty:
-                if self._stop.is_set():
-                    return None
-        try:
-            if self._over:
-                return None
-            job = self._begin(step)
+                if self._stop.is_set() or self._over:
+                    return False
+        waited = time.perf_counter() - began
+        with self._turn:
+            if self._over or self._stop.is_set():
+                return False
+            step = self._next
+            self._next += 1
+            slot = self._slots[step % len(self._slots)]
+            try:
+                job = self._begin(step)
+            except BaseException as error:
+                self._over = True
+                slot.put(_Failure(error))
+                return False
             if job is None:
                 self._over = True
-            return job
-        except BaseException:
-            self._over = True
-            raise
-        finally:
-            self._batons[(index + 1) % len(self._batons)].put(None)
+                slot.put(_END)
+                return False
+        try:
+            item = job()
+        except BaseException as error:
+            self._over = True  # the other producers begin no further step
+            slot.put(_Failure(error))
+            return False
+        del job
+        slot.put((step, item))
+        if self._queue is None:
+            self._timings.made(waited)
+        return True
 
     def _finish(self, finish: Callable[[int, Any], object]) -> None:
         out = cast(_Channel, self._queue)
@@ -419,11 +420,8 @@ class Prefetcher:
             del item
             began = time.perf_counter()
             self._put(out, (step, done))
-            self._counted(began)
+            self._timings.made(time.perf_counter() - began)
             del done
-
-    def _counted(self, began: float) -> None:
-        self._timings.made(time.perf_counter() - began)
 
     def _put(self, out: _Channel, entry: object) -> None:
         while not self._stop.is_set():

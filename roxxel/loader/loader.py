@@ -77,13 +77,13 @@ class LoaderConfig:
             that step naming the field, and so is a function that cannot be called as
             ``fn(batch, rng)``.
         host_threads: None or 1 reads and transforms each batch in the pipeline thread.
-            N >= 2 runs N pipeline threads (``roxxel-host-*``) that take the steps in
-            turn (with 2, one the even steps and one the odd): each picks its step's rows
-            (one thread at a time, in step order), then reads and transforms them while
-            the others do theirs (numpy releases the GIL), and hands the batch straight
-            to the consumer. The batches, their order and their errors are those of one
-            thread, since each step's ``rng`` depends on the step alone. Each thread holds
-            one batch in the works and up to ``ceil(prefetch / N)`` done, each in its own
+            N >= 2 runs N pipeline threads (``roxxel-host-*``): a free thread takes the
+            next step and picks its rows (one thread at a time, in step order), then
+            reads and transforms them while the others do theirs (numpy releases the GIL),
+            and hands the batch straight to the consumer, which takes them in step order;
+            a slow step holds up no other thread. The batches, their order and their
+            errors are those of one thread, since each step's ``rng`` depends on the step
+            alone. Up to ``prefetch + N`` steps are in the works or done, each in its own
             host buffer; the transform must allow calls from several threads at once.
         pin_host: stage batches bound for CUDA devices in page-locked host buffers (the
             gather writes into them; the copy to the device runs at the link's full rate);

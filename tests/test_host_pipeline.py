@@ -643,3 +643,27 @@ def test_an_iterator_left_open_at_exit_prints_nothing(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
     assert done.stderr == ""
+
+
+def test_issue14_host_threads_read_zstd_fields_as_one_thread_does(tmp_path):
+    """Every thread decoded zstd records with one shared `ZstdDecompressor`, which zstandard
+    does not allow from two threads at once: with host_threads >= 2 a compressed field
+    failed with R15 ("Data corruption detected") at a random record."""
+    rng = np.random.default_rng(0)
+    path = tmp_path / "z"
+    with roxxel.DatasetWriter(path, {"tokens": "int32[]"}, compress={"tokens": "zstd:1"}) as w:
+        for _ in range(300):
+            w.write({"tokens": rng.integers(0, 1000, rng.integers(1, 3000)).astype(np.int32)})
+    dataset = roxxel.open_dataset(path)
+
+    def tokens(threads: int | None) -> list[np.ndarray]:
+        config = LoaderConfig(host_threads=threads, num_epochs=3, max_len={"tokens": 3000})
+        with Loader(dataset, 8, seed=0, config=config) as loader:
+            return [np.array(batch["tokens"]) for batch in loader]
+
+    expected = tokens(None)
+    for threads in (2, 4):
+        got = tokens(threads)
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected, strict=True):
+            np.testing.assert_array_equal(a, b)

@@ -6,6 +6,7 @@ fresh arrays, with the decoded size known (and bounded) before anything is alloc
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -18,8 +19,19 @@ from roxxel.format.spec import ZSTD_MAX_RATIO, ZSTD_SLACK_BYTES, check_offsets, 
 
 __all__ = ["Column"]
 
-_ZSTD = zstandard.ZstdDecompressor()
+# one decompressor per thread: zstandard allows no two threads in one at once (the host
+# threads of a Loader decode at the same time), and making one per record costs more
+_LOCAL = threading.local()
 WHY = {"R16": "checksum mismatch", "R17": "str is not UTF-8", "R18": "bool byte not 0 or 1"}
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    """The calling thread's zstd decompressor."""
+    try:
+        return _LOCAL.zstd
+    except AttributeError:
+        _LOCAL.zstd = zstandard.ZstdDecompressor()
+        return _LOCAL.zstd
 
 
 class Column:
@@ -221,7 +233,7 @@ class Column:
         try:
             if zstandard.frame_content_size(frame) != expected:
                 raise zstandard.ZstdError("frame content size differs from the table")
-            raw = _ZSTD.decompress(frame, max_output_size=expected)
+            raw = _decompressor().decompress(frame, max_output_size=expected)
         except zstandard.ZstdError as exc:
             raise fail(
                 self.path,

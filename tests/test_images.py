@@ -784,3 +784,94 @@ def test_an_image_over_pillows_limit_but_under_twice_packs_without_its_warning(t
     assert done.returncode == 0 and done.stderr == "", done.stderr
     ds = roxxel.open_dataset(out)
     assert len(ds) == 1 and ds[0]["image"].shape == (3, 8, 8) and (ds[0]["image"] == 7).all()
+
+
+def _hf_class_label_dir(tmp_path: Path, features: dict[str, Any] | None) -> Path:
+    """An HF folder as `_hf_image_dir` builds it, of three images with labels [2, 0, 1],
+    and a dataset_info.json of ``features`` (none written for None), as ``datasets`` does."""
+    d = tmp_path / "hf"
+    d.mkdir()
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    payloads = [_encoded(name, i) for i, name in enumerate(MODES)][:3]
+    images = pa.array([{"bytes": b, "path": None} for b in payloads], image_type)
+    table = pa.table({"image": images, "label": pa.array([2, 0, 1], pa.int64())})
+    with pa.ipc.new_stream(str(d / "data-00000-of-00001.arrow"), table.schema) as w:
+        w.write_table(table)
+    state = {"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}
+    (d / "state.json").write_text(json.dumps(state))
+    if features is not None:
+        (d / "dataset_info.json").write_text(json.dumps({"features": features}))
+    return d
+
+
+def _image_table(tmp_path: Path, kind: str) -> Path:
+    """Columns ``image`` (image bytes) and ``label``: an HF folder, or a Parquet file."""
+    if kind == "hf":
+        return _hf_class_label_dir(tmp_path, {"image": {"_type": "Image"}})
+    src = tmp_path / "img.parquet"
+    payloads = [_encoded(name, i) for i, name in enumerate(MODES)][:3]
+    pq.write_table(pa.table({"image": payloads, "label": pa.array([2, 0, 1], pa.int64())}), src)
+    return src
+
+
+@pytest.mark.parametrize("kind", ["hf", "parquet"])
+def test_issue14_input_field_missing_or_no_images_is_named_before_the_schema(
+    tmp_path, kind, capsys
+):
+    """`--input-field nosuch` on an HF image folder said "field 'image' is ambiguous (a dict
+    value ... e.g. --field nosuch:uint8[3,16,16] ...)", and `--input-field label` the same
+    with `--field label:uint8[3,16,16]`; Parquet said what is wrong, but only after printing
+    `schema (from the input's own types): image:bytes, label:int64, nosuch:uint8[3,16,16]`.
+    Both now refuse first, as Parquet words it."""
+    src = _image_table(tmp_path, kind)
+    arrow = src / "data-00000-of-00001.arrow" if kind == "hf" else src
+    for field, want in [
+        (
+            "nosuch",
+            f"{arrow}: row 0: field 'nosuch' missing from the record (its fields: "
+            "['image', 'label'], expected every field the pack reads)",
+        ),
+        ("label", f"{arrow}: row 0: field 'label': not a decodable image (int64, expected"),
+    ]:
+        argv = ["pack", src, "-o", tmp_path / "ds", "--image-size", "16", "--input-field", field]
+        assert main(list(map(str, argv))) == 1
+        out, err = capsys.readouterr()
+        assert "schema (" not in out and field not in out
+        assert len(err.strip().splitlines()) == 1 and want in err, err
+        assert "ambiguous" not in err
+        assert not (tmp_path / "ds").exists()
+
+
+def test_issue14_hf_class_label_names_are_the_labels_in_metadata_and_info(tmp_path, capsys):
+    """An HF dataset's `ClassLabel` names were dropped: `images.labels` was `{}` and
+    `roxxel info` named no labels, where an ImageFolder tree keeps its class names."""
+    features = {
+        "image": {"_type": "Image"},
+        "label": {"_type": "ClassLabel", "names": ["cat", "dog", "zebra"]},
+    }
+    src = _hf_class_label_dir(tmp_path, features)
+    metas = []
+    for out in (tmp_path / "ds1", tmp_path / "ds2"):
+        assert _pack(src, "-o", out, "--image-size", "8") == 0
+        ds = roxxel.open_dataset(out)
+        assert [ds[i]["label"] for i in range(3)] == [2, 0, 1]
+        assert ds.schema.to_json() == {"label": "int64", "image": "uint8[3,8,8]"}
+        metas.append((out / "manifest.json").read_bytes())
+        meta = ds.metadata["images"]
+        assert meta["labels"] == {"cat": 0, "dog": 1, "zebra": 2}
+        assert meta["label_field"] == "label"
+    assert metas[0] == metas[1]  # the same input: the same bytes
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "ds1")]) == 0
+    assert "3 labels in 'label'" in capsys.readouterr().out
+
+
+def test_issue14_hf_without_class_labels_keeps_no_labels(tmp_path):
+    for i, features in enumerate(
+        [None, {"image": {"_type": "Image"}, "label": {"dtype": "int64"}}]
+    ):
+        (tmp_path / str(i)).mkdir()
+        src = _hf_class_label_dir(tmp_path / str(i), features)
+        assert _pack(src, "-o", tmp_path / f"ds{i}", "--image-size", "8") == 0
+        meta = roxxel.open_dataset(tmp_path / f"ds{i}").metadata["images"]
+        assert meta["labels"] == {} and meta["label_field"] is None

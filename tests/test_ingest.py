@@ -214,7 +214,7 @@ def test_parquet_row_groups_become_pieces(tmp_path):
 
 def test_parquet_nulls_are_refused_with_row(tmp_path):
     pq.write_table(pa.table({"x": [1, None, 3]}), tmp_path / "n.parquet")
-    with pytest.raises(ConfigError, match=r"field 'x': row 1: null"):
+    with pytest.raises(ConfigError, match=r"row 1: field 'x': null"):
         _records(expand_inputs([str(tmp_path / "n.parquet")]))
 
 
@@ -236,7 +236,7 @@ def test_issue14_nulls_in_columns_the_pack_does_not_read_are_ignored(tmp_path, k
     path = write_table(table, tmp_path / f"t.{kind}")
     out = tmp_path / "ds"
     assert main(["pack", str(path), "-o", str(out), "--field", "other:int64", "-q"]) == 1
-    assert "field 'other': row 1: null" in capsys.readouterr().err
+    assert "row 1: field 'other': null" in capsys.readouterr().err
     argv = ["pack", str(path), "-o", str(out), "--field", "text:str", "--skip-bad", "-q"]
     assert main(argv) == 0
     assert [r["text"] for r in roxxel.open_dataset(out)] == ["a", "bb"]  # row 2's own null

@@ -198,7 +198,7 @@ def test_arrow_block_errors_name_the_row(tmp_path, capsys):
     nulls = pa.table({"t": pa.array([[1], None, [2]], pa.list_(pa.int64()))})
     pq.write_table(nulls, tmp_path / "n.parquet")
     assert _pack(tmp_path / "n.parquet", tmp_path / "out2", "--field", "t:int64[]") == 1
-    assert "field 't': row 1: null" in capsys.readouterr().err
+    assert "row 1: field 't': null" in capsys.readouterr().err
 
 
 def test_a_sliced_list_column_gives_only_its_own_values():

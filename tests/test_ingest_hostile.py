@@ -390,10 +390,10 @@ def test_issue12_clear_errors_a_null_row_is_skipped_and_counted_with_skip_bad(
     )
     path = write_table(table, tmp_path / f"n.{kind}")
     assert _run("pack", path, "-o", tmp_path / "ds", "-q") == 1
-    assert "field 'x': row 1: null" in _one_line_error(capsys)
+    assert "row 1: field 'x': null" in _one_line_error(capsys)
     assert _run("pack", path, "-o", tmp_path / "ds", "-q", "--skip-bad") == 0
     err = capsys.readouterr().err
-    assert "skipped 2 bad records" in err and "row 1: null" in err and "row 2: null" in err
+    assert "skipped 2 bad records" in err and "row 1: field" in err and "row 2: field 't': null" in err
     ds = roxxel.open_dataset(tmp_path / "ds")
     assert [int(ds[i]["x"]) for i in range(len(ds))] == [1, 4, 5]
     assert ds[1]["t"].tolist() == [4]
@@ -594,7 +594,7 @@ def test_issue14_invalid_utf8_in_a_string_column_is_named_or_skipped(tmp_path, c
     assert _run("pack", src, "-o", tmp_path / "ds", "-q", "--skip-bad") == 0
     err = capsys.readouterr().err
     assert "Traceback" not in err and "skipped 1 bad records" in err
-    assert f"{src}: field 'text': row 1: invalid UTF-8" in err
+    assert f"{src}: row 1: field 'text': invalid UTF-8" in err
     ds = roxxel.open_dataset(tmp_path / "ds")
     assert [(int(r["id"]), r["text"]) for r in ds] == [(1, "ok"), (3, "x")]
 
@@ -605,7 +605,7 @@ def test_issue14_a_null_skipped_with_skip_bad_is_named_with_its_field(tmp_path, 
     table = pa.table({"x": pa.array([1, None, 3], pa.int32()), "y": [4, 5, 6]})
     path = write_table(table, tmp_path / f"n.{kind}")
     assert _run("pack", path, "-o", tmp_path / "ds", "-q", "--skip-bad") == 0
-    assert f"{path}: field 'x': row 1: null" in capsys.readouterr().err
+    assert f"{path}: row 1: field 'x': null" in capsys.readouterr().err
 
 
 # ---- issue 14: schema inference hints that can be followed; nulls and ragged lists said so --

@@ -1076,3 +1076,44 @@ def test_an_ambiguous_kept_field_hint_lists_the_token_field_too(toks, tmp_path, 
     given = hint.removeprefix("e.g. ").removesuffix(")").split()
     assert _pack(*argv, *given, "--keep-field", "n", "--keep-field", "ids") == 0
     assert roxxel.open_dataset(tmp_path / "ds")[0]["n"] == 3
+
+
+@pytest.mark.parametrize(
+    ("content", "want"),
+    [
+        ('{"x": 1}', 'valid JSON, but no "model" entry'),
+        ("[1, 2]", "valid JSON, but a list"),
+        ('{"model": {}}', "valid JSON, but the tokenizers library cannot load it (data did not"),
+        ('{"x":', "invalid JSON at line 1 column 6"),
+        ('{\n  "model": {,\n}', "invalid JSON at line 2 column 13"),
+    ],
+)
+def test_issue14_a_json_file_that_is_no_tokenizer_says_what_is_wrong(
+    tmp_path, content, want, capsys
+):
+    """`{"x":1}` as --tokenizer said "not an HF tokenizer.json (expected `,` or `}` at line 1
+    column 5)": a syntax error the file does not have. Valid JSON says what it lacks; a
+    syntax error still names its line and column."""
+    tok = tmp_path / "tok.json"
+    tok.write_text(content)
+    src = _jsonl(tmp_path / "c.jsonl", _texts(3))
+    assert _pack(src, "-o", tmp_path / "ds", "--tokenizer", tok) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"--tokenizer {tok}: not an HF tokenizer.json (" in err and want in err, err
+    if content.startswith(('{"x": 1}', "[")):
+        assert "line 1 column" not in err
+
+
+def test_issue14_a_null_text_in_parquet_names_the_row_before_the_field(toks, tmp_path, capsys):
+    """A null said `null.parquet: field 'text': row 1: null ...`, where every other row error
+    says `int.parquet: row 0: field 'text': ...`: now `file: row N: field 'text': ...`."""
+    nulls, ints = tmp_path / "null.parquet", tmp_path / "int.parquet"
+    pq.write_table(pa.table({"text": pa.array(["a", None], pa.string())}), nulls)
+    pq.write_table(pa.table({"text": pa.array([1, 2], pa.int64())}), ints)
+    assert _pack(nulls, "-o", tmp_path / "ds", "--tokenizer", toks["hf"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"{nulls}: row 1: field 'text': null (expected a value in every row)" in err, err
+    assert _pack(ints, "-o", tmp_path / "ds", "--tokenizer", toks["hf"]) == 1
+    assert f"{ints}: row 0: field 'text': " in capsys.readouterr().err

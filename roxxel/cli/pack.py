@@ -39,6 +39,7 @@ from roxxel.ingest.images import (
     image_folder_inputs,
     parse_image_size,
     pillow,
+    table_images,
 )
 from roxxel.ingest.inputs import (
     BadRecords,
@@ -646,8 +647,13 @@ def _images(args: argparse.Namespace, inputs: list[Input]) -> dict[str, object] 
             f"--input-field {config.field}: the class folders' labels go to field "
             f"{config.label_field!r} (expected another name for the image field)"
         )
+    # the image column checked before a schema is printed; HF ClassLabel names kept
+    config = table_images(config, inputs, folders, args.map is not None)
     pillow()  # a missing extra fails here, not in a worker
-    return dataclasses.asdict(config)
+    doc = dataclasses.asdict(config)
+    if not config.class_names:  # left out, as before it existed: the same pack fingerprint
+        del doc["class_names"]
+    return doc
 
 
 def _metadata(config: PackConfig) -> dict[str, object]:

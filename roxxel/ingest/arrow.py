@@ -37,6 +37,8 @@ __all__ = [
     "PARQUET",
     "arrow_pieces",
     "arrow_schema",
+    "check_image_columns",
+    "hf_class_names",
     "hf_files",
     "parquet_pieces",
     "parquet_schema",
@@ -143,11 +145,64 @@ def _wanted(names: list[str], opts: ReadOptions, path: str) -> list[str] | None:
         return None
     for name in opts.columns:
         if name not in names:
-            raise ConfigError(
-                f"{path}: row 0: field {name!r} missing from the record (its fields:"
-                f" {sorted(names)}, expected every field the pack reads)"
-            )
+            raise ConfigError(_missing(path, name, names))
     return [n for n in names if n in opts.columns]
+
+
+def _missing(path: str, name: str, names: list[str]) -> str:
+    return (
+        f"{path}: row 0: field {name!r} missing from the record (its fields:"
+        f" {sorted(names)}, expected every field the pack reads)"
+    )
+
+
+def check_image_columns(inputs: list[Input], field: str) -> None:
+    """Refuse, before any schema is made, a Parquet / Arrow / HF input without the image
+    column ``field``, or whose ``field`` column holds no image bytes (not binary, nor an HF
+    ``Image`` struct): the message is the one its first row would get. Inputs of other
+    kinds pass."""
+    tables = [i for i in inputs if i.kind in ("parquet", "arrow")]
+    if not tables:
+        return
+    pa = _pyarrow()
+    for item in tables:
+        path = item.path
+        try:
+            read = pa.parquet.read_schema if item.kind == "parquet" else _ipc_schema_of(pa)
+            schema = read(path)
+        except (pa.ArrowException, OSError):
+            continue  # not readable: its reader says why
+        if field not in schema.names:
+            raise ConfigError(_missing(path, field, schema.names), path=path)
+        t = schema.field(field).type
+        if not _holds_images(pa, t):
+            what = _spec(pa, t) or str(t)
+            raise ConfigError(
+                f"{path}: row 0: field {field!r}: not a decodable image ({what}, expected "
+                f"image bytes)",
+                path=path,
+            )
+
+
+def _ipc_schema_of(pa: ModuleType) -> Any:
+    def read(path: str) -> Any:
+        reader = _open_file(pa, path)
+        return reader.schema if reader is not None else _stream_schema(pa, path)
+
+    return read
+
+
+def _holds_images(pa: ModuleType, t: Any) -> bool:
+    """Whether a column of type ``t`` may hold image bytes: binary, or an HF ``Image``
+    struct (bytes, or the path of a file)."""
+    types = pa.types
+    if types.is_dictionary(t):
+        t = t.value_type
+    if types.is_binary(t) or types.is_large_binary(t):
+        return True
+    return types.is_struct(t) and any(
+        t.field(i).name in ("bytes", "path") for i in range(t.num_fields)
+    )
 
 
 def _batch_blocks(
@@ -173,7 +228,7 @@ def _batch_blocks(
 
     def told(row: int) -> str:
         name, _, what = next(flaw for flaw in flaws if flaw[1][row])
-        return f"{piece.path}: field {name!r}: row {first + row}: {what}"
+        return f"{piece.path}: row {first + row}: field {name!r}: {what}"
 
     flawed = np.logical_or.reduce([rows for _, rows, _ in flaws])
     if not opts.skip_bad:
@@ -458,6 +513,59 @@ def hf_files(directory: str) -> list[str]:
             f".flatten_indices() before save_to_disk)"
         )
     return files
+
+
+def hf_class_names(directories: list[str], label_field: str) -> tuple[str, dict[str, int]]:
+    """The label column of HF ``save_to_disk`` directories and ``{name: label}`` of its
+    ``ClassLabel`` names, from each ``dataset_info.json``'s features: the ``ClassLabel``
+    named ``label_field``, else the one ``ClassLabel`` feature; ``(label_field, {})`` when
+    there is none. Raises ConfigError for a dataset_info.json that is not JSON, or
+    directories whose labels differ."""
+    found: tuple[str, dict[str, int]] | None = None
+    first = ""
+    for directory in directories:
+        info_path = os.path.join(directory, "dataset_info.json")
+        if not os.path.isfile(info_path):
+            continue
+        with open(info_path, "rb") as f:
+            info = load_json(f.read(), info_path, ConfigError)
+        labels = _class_labels(info.get("features") if isinstance(info, dict) else None)
+        if label_field in labels:
+            name = label_field
+        elif len(labels) == 1:
+            (name,) = labels
+        else:
+            continue
+        names = labels[name]
+        this = (name, {n: i for i, n in enumerate(names)})
+        if found is not None and this != found:
+            raise ConfigError(
+                f"{info_path}: ClassLabel {name!r} {names} (expected the labels of {first}: "
+                f"{found[0]!r} {list(found[1])})",
+                path=info_path,
+            )
+        found, first = this, info_path
+    return found or (label_field, {})
+
+
+def _class_labels(features: object) -> dict[str, list[str]]:
+    """``{column: names}`` of the top-level ``ClassLabel`` features with distinct string
+    names (``datasets`` writes ``{"_type": "ClassLabel", "names": [...]}``)."""
+    if not isinstance(features, dict):
+        return {}
+    out: dict[str, list[str]] = {}
+    for column, feature in features.items():
+        if not isinstance(feature, dict) or feature.get("_type") != "ClassLabel":
+            continue
+        names = feature.get("names")
+        if (
+            isinstance(names, list)
+            and names
+            and all(isinstance(n, str) for n in names)
+            and len(set(names)) == len(names)
+        ):
+            out[column] = names
+    return out
 
 
 def is_hf_dir(path: str) -> bool:

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from roxxel.errors import ConfigError
+from roxxel.ingest.arrow import check_image_columns, hf_class_names, is_hf_dir
 from roxxel.ingest.units import (
     BadRecords,
     Input,
@@ -54,6 +55,7 @@ __all__ = [
     "passed_over_in_image_folder",
     "pillow",
     "read_image_file",
+    "table_images",
 ]
 
 EXTRA = "pip install 'roxxel[images]'"
@@ -197,6 +199,8 @@ class ImageConfig:
         pad: fit inside the size and pad with black instead of covering it and cropping.
         keep_encoded: store the encoded bytes (checked to decode) instead of pixels.
         classes: ``{class folder: label}`` for image files; the label goes to ``label_field``.
+        class_names: ``{name: label}`` of the ``ClassLabel`` column ``label_field`` of an HF
+            dataset (its values are read, not made): for the metadata alone.
     """
 
     height: int
@@ -207,6 +211,7 @@ class ImageConfig:
     keep_encoded: bool = False
     classes: dict[str, int] = dataclasses.field(default_factory=dict)
     label_field: str = "label"
+    class_names: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> ImageConfig:
@@ -223,6 +228,7 @@ class ImageConfig:
     def metadata(self) -> dict[str, Any]:
         """What the manifest records about how the images were made."""
         names = {os.path.basename(f): label for f, label in self.classes.items()}
+        names = names or self.class_names
         pixels = not self.keep_encoded
         return {
             "field": self.field,
@@ -232,8 +238,27 @@ class ImageConfig:
             "channels_last": self.channels_last if pixels else None,
             "keep_encoded": self.keep_encoded,
             "labels": dict(sorted(names.items(), key=lambda kv: kv[1])),
-            "label_field": self.label_field if self.classes else None,
+            "label_field": self.label_field if names else None,
         }
+
+
+def table_images(
+    config: ImageConfig, inputs: list[Input], directories: list[str], mapped: bool
+) -> ImageConfig:
+    """``config`` checked against its Parquet / Arrow / HF inputs, before any schema is
+    made: the image column is there and may hold image bytes (unless ``mapped``: a --map
+    function makes the records; see `check_image_columns`). Without class folders, it
+    takes the ``ClassLabel`` names of the HF dataset ``directories`` (`hf_class_names`)
+    for its metadata."""
+    if not mapped:
+        check_image_columns(inputs, config.field)
+    hf = [d for d in directories if is_hf_dir(d)]
+    if config.classes or not hf:
+        return config
+    label_field, names = hf_class_names(hf, config.label_field)
+    if not names or label_field == config.field:
+        return config
+    return dataclasses.replace(config, label_field=label_field, class_names=names)
 
 
 def decode_image(data: bytes, config: ImageConfig) -> np.ndarray:

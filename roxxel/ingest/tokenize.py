@@ -165,6 +165,35 @@ def _special(
     return None, f"{where}: {key} {configured!r} is not a token of the tokenizer"
 
 
+def _why_not_hf(path: str, error: Exception) -> str:
+    """What is wrong with a file ``tokenizers`` does not load, in words: its JSON syntax
+    (line and column), or what valid JSON lacks (serde's own message names a line and
+    column even then: ``expected `,` or `}` at line 1 column 5`` for ``{"x":1}``)."""
+    reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        return f"not UTF-8 text: byte {e.start} ({e.reason}), expected JSON"
+    except json.JSONDecodeError as e:
+        return f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg[:1].lower()}{e.msg[1:]}"
+    except (OSError, ValueError, RecursionError):
+        return reason
+    if not isinstance(doc, dict):
+        return (
+            f'valid JSON, but a {type(doc).__name__}: expected an object with a "model" '
+            "entry, as the tokenizers library saves one"
+        )
+    if "model" not in doc:
+        keys = sorted(doc)
+        shown = f"{keys[:8]}{' ...' if len(keys) > 8 else ''}"
+        return (
+            f'valid JSON, but no "model" entry: its keys are {shown}, expected a '
+            "tokenizer.json as the tokenizers library saves one"
+        )
+    return f"valid JSON, but the tokenizers library cannot load it ({reason})"
+
+
 def _load_hf(path: str) -> Tokenizer:
     tokenizers = _import("tokenizers")
     version = str(tokenizers.__version__)
@@ -176,7 +205,7 @@ def _load_hf(path: str) -> Tokenizer:
         tok = tokenizers.Tokenizer.from_file(path)
     except Exception as e:  # the Rust side raises plain Exception for a bad file
         raise ConfigError(
-            f"--tokenizer {path}: not an HF tokenizer.json ({e})", path=path
+            f"--tokenizer {path}: not an HF tokenizer.json ({_why_not_hf(path, e)})", path=path
         ) from None
     # a document's "</s>" is text, as in SentencePiece and tiktoken: specials come only from
     # append_eos / prepend_bos

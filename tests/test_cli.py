@@ -499,7 +499,11 @@ def test_verify_names_shard_record_and_field_of_corruption(tmp_path, capsys):
     shard.write_bytes(bytes(data))
     assert _run("verify", out, "--workers", "2") == 1
     out_text = capsys.readouterr().out
-    assert f"{shard}: record 3, field 'text'" in out_text and "1 corruptions in 1 of" in out_text
+    line = next(x for x in out_text.splitlines() if x.startswith(f"{shard}:"))
+    # the record and field once (the line said `record 3, field 'text': record 3 field ...`)
+    assert line.startswith(f"{shard}: record 3 field 'text': checksum mismatch")
+    assert line.count("record 3") == 1
+    assert "1 corruption in 1 of" in out_text  # not "1 corruptions"
 
 
 def test_verify_names_a_broken_shard_once(tmp_path, capsys):

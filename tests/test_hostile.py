@@ -129,7 +129,11 @@ def run_cli(argv: list[str]) -> None:
         return
     text = err.getvalue()
     if argv[0] == "verify" and not text:
-        assert code == 1 and "corruptions in" in out.getvalue().splitlines()[-1]
+        assert (
+            code == 1
+            and " in " in out.getvalue().splitlines()[-1]
+            and "corruption" in out.getvalue().splitlines()[-1]
+        )
         return
     assert code == 1 and text.count("\n") == 1 and text.startswith("roxxel "), (code, text)
 

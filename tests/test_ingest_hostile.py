@@ -393,7 +393,9 @@ def test_issue12_clear_errors_a_null_row_is_skipped_and_counted_with_skip_bad(
     assert "row 1: field 'x': null" in _one_line_error(capsys)
     assert _run("pack", path, "-o", tmp_path / "ds", "-q", "--skip-bad") == 0
     err = capsys.readouterr().err
-    assert "skipped 2 bad records" in err and "row 1: field" in err and "row 2: field 't': null" in err
+    assert (
+        "skipped 2 bad records" in err and "row 1: field" in err and "row 2: field 't': null" in err
+    )
     ds = roxxel.open_dataset(tmp_path / "ds")
     assert [int(ds[i]["x"]) for i in range(len(ds))] == [1, 4, 5]
     assert ds[1]["t"].tolist() == [4]

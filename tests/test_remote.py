@@ -943,6 +943,20 @@ def test_s3_open_read_loader_and_resume(s3, local, tmp_path):
         assert head + [b["label"].tolist() for b in resumed] == reference
 
 
+def test_issue15_token_windows_over_s3_read_the_shards_indexes_alone(s3, local, tmp_path):
+    """Over S3's ranged GETs: building TokenWindows and Records fetches no shard."""
+    dataset = roxxel.open_dataset(
+        "s3://roxxel-data/ds", cache_dir=tmp_path, storage_options=s3.options
+    )
+    assert dataset.cache is not None
+    windows = roxxel.TokenWindows(dataset, "tokens", 4)
+    records = roxxel.Records(dataset)
+    probe = roxxel.open_dataset(local)
+    assert len(windows) == len(roxxel.TokenWindows(probe, "tokens", 4))
+    assert records.max_len == roxxel.Records(probe).max_len
+    assert dataset.cache.num_fetched == 0 and _published(dataset) == []
+
+
 _SHARING_READER = """
 import json, os, sys
 from pathlib import Path
@@ -1181,8 +1195,11 @@ def test_issue15_every_command_that_reads_a_url_takes_storage_options(s3, tmp_pa
     assert main(["peek", url, "--step", "2", "--batch-size", "4", "--rows", "2", *flags]) == 0
     capsys.readouterr()
     bad = ["--cache-dir", cache, "--storage-options", "[1]"]
-    assert main(["info", url, *bad]) == 1
+    assert main(["info", url, *bad]) == 2  # a bad flag: exit status 2 (it was 1)
     assert "--storage-options" in capsys.readouterr().err
+    assert main(["info", url, "--cache-dir", cache, "--storage-options", "{nope"]) == 2
+    err = capsys.readouterr().err
+    assert "--storage-options" in err and "invalid JSON" in err and "Traceback" not in err
 
 
 def test_pull_stages_a_dataset_verified_and_resumes_after_a_refused_shard(local, tmp_path, capsys):
@@ -2090,3 +2107,81 @@ def test_issue15_upper_case_url_schemes_are_read_as_lower_case(local, tmp_path, 
 
     assert main(["push", str(local), f"FILE://{tmp_path}/up", "-q"]) == 0
     assert roxxel.open_dataset(tmp_path / "up").num_records == NUM_RECORDS
+
+
+# --- a shard's index alone ---------------------------------------------------------------
+
+
+def test_issue15_token_windows_at_a_url_fetch_only_the_shards_of_the_first_batch(local, tmp_path):
+    """TokenWindows (and Records padding to the longest record) read every shard to learn
+    its lengths: the whole dataset was downloaded before the first batch, and again at
+    every start once a cache limit had evicted it. Now only the shards' indexes are read."""
+    probe = roxxel.open_dataset(local)
+    num_shards = len(probe.manifest.shards)
+    assert num_shards >= 5
+    dataset = _open(f"file://{local}", tmp_path)
+    assert dataset.cache is not None
+    windows = roxxel.TokenWindows(dataset, "tokens", 4)
+    records = roxxel.Records(dataset)  # padded to the longest record: its length is needed
+    assert dataset.cache.num_fetched == 0 and _published(dataset) == []
+    want = roxxel.TokenWindows(probe, "tokens", 4)
+    assert len(windows) == len(want)
+    assert records.max_len == roxxel.Records(probe).max_len
+    config = roxxel.LoaderConfig(readahead=0)  # no fetch ahead: the first batch's shards only
+    with (
+        roxxel.Loader(windows, 2, seed=0, shuffle=False, config=config) as loader,
+        roxxel.Loader(want, 2, seed=0, shuffle=False, config=config) as expected,
+    ):
+        np.testing.assert_array_equal(next(loader)["tokens"], next(expected)["tokens"])
+    assert 1 <= dataset.cache.num_fetched <= 2 < num_shards
+
+
+def test_issue15_a_shard_index_read_in_two_parts_matches_the_whole_shard(tmp_path):
+    """A shard whose tables start before the end read first (a shard of many records)
+    is read in two ranged reads, and gives the lengths the whole shard gives."""
+    path = tmp_path / "many"
+    with roxxel.DatasetWriter(path, {"tokens": "int32[]"}, shard_bytes=1 << 30) as writer:
+        for i in range(12_000):  # 16 bytes of tables a record: past the first read
+            writer.write({"tokens": np.arange(i % 5, dtype=np.int32)})
+    dataset = _open(f"file://{path}", tmp_path / "cache")
+    assert dataset.cache is not None
+    reads = _counting_reads(dataset.cache)
+    lengths = dataset.shard_indexes(
+        lambda shard: shard.columns["tokens"].lengths(np.arange(12_000)).tolist()
+    )
+    assert lengths == [[i % 5 for i in range(12_000)]] and len(reads) == 2
+    assert dataset.cache.num_fetched == 0 and _published(dataset) == []
+
+
+def test_issue15_a_shard_index_unlike_the_manifest_is_refused_naming_the_url(tmp_path):
+    """The index read alone is checked as a fetched shard is: another shard in its place
+    is M9, with the shard's URL."""
+    path = _write(tmp_path / "ds")
+    names = sorted(p.name for p in path.glob("*.rxs"))
+    os.replace(path / names[1], path / names[0])  # shard 0's object: shard 1's bytes
+    dataset = _open(f"file://{path}", tmp_path / "cache")
+    with pytest.raises(FormatError) as error:
+        roxxel.TokenWindows(dataset, "tokens", 4)
+    assert error.value.rule in ("M8", "M9") and f"file://{path}/{names[0]}" in str(error.value)
+
+
+def test_issue15_info_of_a_url_counts_tokens_from_the_indexes_alone(local, tmp_path, capsys):
+    """`roxxel info URL` fetched every shard to count the tokens."""
+    from roxxel.cli import main
+
+    cache = tmp_path / "cache"
+    assert main(["info", f"file://{local}", "--cache-dir", str(cache), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["elements"] == {"tokens": roxxel.open_dataset(local).num_elements("tokens")}
+    assert not list(cache.rglob("*.rxs"))  # no shard fetched
+
+
+def test_issue15_sources_over_a_url_show_the_url_in_their_repr(local, tmp_path):
+    """`repr(Loader)` over a dataset at a URL showed the cache folder, not the URL."""
+    dataset = _open(f"file://{local}", tmp_path)
+    for source in (
+        roxxel.Records(dataset, max_len={"tokens": 23}),
+        roxxel.TokenWindows(dataset, "tokens", 4),
+    ):
+        assert repr(source).split("(", 1)[1].startswith(repr(f"file://{local}")), repr(source)
+        assert str(tmp_path) not in repr(source)

@@ -68,9 +68,12 @@ def storage_options(text: str | None) -> dict[str, Any]:
     """The fsspec options of ``--storage-options JSON`` (strict JSON, an object)."""
     if text is None:
         return {}
-    options = load_json(text.encode(), "--storage-options", ConfigError)
+    try:  # the command line is wrong: exit status 2, as for any other bad flag
+        options = load_json(text.encode(), "--storage-options", ConfigError)
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
     if not isinstance(options, dict):
-        raise ConfigError(f"--storage-options: {type(options).__name__} (expected a JSON object)")
+        raise UsageError(f"--storage-options: {type(options).__name__} (expected a JSON object)")
     return options
 
 

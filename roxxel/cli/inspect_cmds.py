@@ -16,7 +16,7 @@ import numpy as np
 from roxxel.cli.args import add_url_flags, storage_options, url_options
 from roxxel.errors import ConfigError, FormatError, without_credentials
 from roxxel.format.dataset import Dataset, open_dataset
-from roxxel.format.reader import Corruption
+from roxxel.format.reader import Corruption, Shard
 from roxxel.ingest.pool import interrupts_held
 
 __all__ = ["add_inspect_parsers"]
@@ -61,19 +61,25 @@ def add_inspect_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def _elements(ds: Dataset) -> dict[str, int]:
-    """Elements (tokens) of each uncompressed 1-D variable field. Maps every shard, so a
-    shard that disagrees with the manifest (M9) fails the command."""
+    """Elements (tokens) of each uncompressed 1-D variable field, from every shard's index
+    (at a URL its index alone is fetched, not its records), so a shard that disagrees with
+    the manifest (M9) fails the command."""
     fields = [f for f in ds.schema if f.kind == "array" and f.is_variable and len(f.shape) == 1]
     if not fields:
         return {}
-    ds.prefetch(range(ds.num_shards))  # a dataset at a URL: fetch them all in parallel
-    compressed = {  # no flat stream to count; one shard at a time (a cache limit holds)
-        f.name
-        for k in range(ds.num_shards)
+
+    def count(shard: Shard) -> dict[str, int | None]:  # None: compressed, no flat stream
+        columns = shard.columns
+        return {
+            f.name: None if columns[f.name].compressed else shard.flat(f.name).size for f in fields
+        }
+
+    counts = ds.shard_indexes(count)
+    return {
+        f.name: sum(c[f.name] or 0 for c in counts)
         for f in fields
-        if ds.shard(k).columns[f.name].compressed
+        if all(c[f.name] is not None for c in counts)
     }
-    return {f.name: ds.num_elements(f.name) for f in fields if f.name not in compressed}
 
 
 def _open(args: argparse.Namespace) -> Dataset:
@@ -172,18 +178,24 @@ def cmd_verify(args: argparse.Namespace) -> int:
     bad = [c for shard in found for c in shard]
     name = without_credentials(args.dataset)  # stdout ends up in logs
     for c in bad:
-        if c.record >= 0:
-            line = f"{c.path}: record {c.record}, field {c.field!r}: {c.message}"
+        if c.record >= 0:  # the message names the record and field
+            line = f"{c.path}: {c.message}"
         else:  # a shard that does not map: its error names the file already
             line = c.message if c.message.startswith(c.path) else f"{c.path}: {c.message}"
         print(without_credentials(line))
     if bad:
         print(
-            f"{name}: {len(bad)} corruptions in {sum(1 for s in found if s)} of {ds.num_shards} shards"
+            f"{name}: {_count(len(bad), 'corruption')} in {sum(1 for s in found if s)} of"
+            f" {_count(ds.num_shards, 'shard')}"
         )
         return 1
     print(f"{name}: OK ({ds.num_records} records in {ds.num_shards} shards)")
     return 0
+
+
+def _count(num: int, noun: str) -> str:
+    """``1 shard``, ``2 shards``."""
+    return f"{num} {noun}{'' if num == 1 else 's'}"
 
 
 def _json_value(value: Any, kind: str) -> Any:

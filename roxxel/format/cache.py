@@ -39,6 +39,11 @@ read per ``chunk_bytes`` through fsspec, one streamed GET on S3's signed URLs
 entry's end, so an object longer or shorter than the manifest says shows in the reads. `num_missing` and
 `num_queued` tell the Loader whether shards are still to be fetched and how many fetches wait,
 so it reads ahead for the cache independently of page faults.
+
+A shard's index alone (`fetch_index`: its tables, metadata and trailer, one or two ranged
+reads from the object's end) gives every record's length without its records: sources that
+need the lengths of the whole dataset up front (`TokenWindows`, padding to the longest
+record) read those, so a first batch still waits only for its own shards.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ import hashlib
 import os
 import queue
 import re
+import tempfile
 import threading
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
@@ -71,6 +77,7 @@ from roxxel.format.manifest import (
 )
 from roxxel.format.reader import Shard, read_trailer
 from roxxel.format.remote import FetchPolicy, RemoteStore, fsspec_url, join_url
+from roxxel.format.spec import TRAILER_BYTES, pack_header, parse_trailer
 
 __all__ = [
     "CacheConfig",
@@ -84,6 +91,9 @@ __all__ = [
 ]
 
 _PART = ".part"
+# a shard's index is read from the object's end: this much first (the tables, metadata and
+# trailer of shards of up to about 8,000 records), then the rest of its tables if any
+_INDEX_TAIL_BYTES = 128 << 10
 _NAME_MAX_BYTES = 255  # a file name's limit on Linux file systems
 # Every cache object, so a forked child can drop its parent's fetch threads and locks, and
 # `num_queued` can count their waiting fetches; guarded by _COUNTS_LOCK.
@@ -313,6 +323,64 @@ class ShardCache:
                 return _result(future)[0]
             except (CancelledError, _NoRoom):  # taken over, or a prefetch gave way: again
                 continue
+
+    def fetch_index(self, entry: ShardEntry) -> Shard:
+        """``entry``'s shard with its index alone: header, tables, metadata and trailer, whose
+        offset tables give every record's length; its records are not fetched. The end of
+        the object is read (`_INDEX_TAIL_BYTES`), then the tables before it if they start
+        earlier; the v1 header is every shard's. They are laid at their offsets in a sparse
+        temporary file (unlinked once mapped) and checked as a fetched shard's index is: R1-R15
+        and its index checksum, then its record count, size and checksum against the entry
+        (M9). The record bytes are holes that read as zeros: use the tables only, never a
+        record.
+
+        Raises:
+            FormatError: the index does not match the manifest (rule and URL named).
+            ConnectionError: the store stays unreachable (`RemoteStore.read`).
+        """
+        url = join_url(self.config.url, entry.path)
+        size = entry.num_bytes
+        tail_at = max(0, size - _INDEX_TAIL_BYTES)
+        tail = self.store.read(entry.path, tail_at, size)
+        if len(tail) != size - tail_at or size < TRAILER_BYTES:
+            raise _refused(
+                url,
+                "M8",
+                f"object ends at byte {tail_at + len(tail)} (expected the manifest's {size})",
+            )
+        try:
+            trailer = parse_trailer(tail[-TRAILER_BYTES:], size, url)
+        except FormatError as exc:
+            raise _refused(url, exc.rule or "R5", _what(exc, url), exc.offset) from None
+        start = min(trailer.tables_offset, tail_at)
+        head = self.store.read(entry.path, start, tail_at) if start < tail_at else b""
+        if len(head) != tail_at - start:
+            raise _refused(
+                url,
+                "M8",
+                f"object ends at byte {start + len(head)} (expected the manifest's {size})",
+            )
+        with tempfile.NamedTemporaryFile(prefix=".roxxel-index-", suffix=".rxs") as file:
+            file.truncate(size)
+            os.pwrite(file.fileno(), pack_header(), 0)
+            os.pwrite(file.fileno(), head + tail, start)
+            file.flush()
+            try:
+                shard = Shard(file.name)  # mapped: the mapping outlives the unlinked name
+            except FormatError as exc:
+                raise _refused(
+                    url, exc.rule or "R1", _what(exc, Path(file.name)), exc.offset
+                ) from None
+        found = (len(shard), shard.num_bytes, checksum_text(shard.index_checksum))
+        expected = (entry.num_records, entry.num_bytes, entry.checksum)
+        if found != expected:
+            shard.close()
+            raise _refused(
+                url,
+                "M9",
+                f"(records, bytes, checksum) {found} (expected the manifest's {expected})",
+            )
+        return shard
 
     def fetch_held(self, entry: ShardEntry) -> tuple[Path, int]:
         """`fetch`, then `hold`: the shard's path and a descriptor holding it. A shard this
@@ -727,7 +795,7 @@ def _writing(path: Path) -> Iterator[None]:
         ) from None
 
 
-def _what(exc: FormatError, temp: Path) -> str:
+def _what(exc: FormatError, temp: object) -> str:
     """A reader's message about the temp file, with the temp file's name and its rule taken
     out (`_refused` names the rule)."""
     text = str(exc).removesuffix(f" (rule {exc.rule} of docs/format.md)")

@@ -24,10 +24,10 @@ import stat
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -51,7 +51,7 @@ from roxxel.format.manifest import (
     parse_manifest,
 )
 from roxxel.format.reader import Corruption, Shard, read_trailer
-from roxxel.format.remote import is_url
+from roxxel.format.remote import is_url, join_url
 from roxxel.format.schema import Field, Schema
 
 __all__ = ["Dataset", "open_dataset"]
@@ -60,6 +60,7 @@ __all__ = ["Dataset", "open_dataset"]
 _OPEN: weakref.WeakSet[Dataset] = weakref.WeakSet()
 # rows per shard of a batch up to which `gather_rows` copies row by row: a row's copy costs
 # about a microsecond here, a shard's take and scatter (`gather`) about four
+T = TypeVar("T")
 _ROWS_PER_SHARD = 4
 
 
@@ -251,10 +252,41 @@ class Dataset(RecordSource):
         return int(self.element_starts(field)[-1])
 
     def element_starts(self, field: str) -> np.ndarray:
-        """Cumulative element counts of ``field`` per shard (num_shards + 1, int64)."""
-        self.prefetch(range(self.num_shards))  # a dataset at a URL: all in parallel
-        sizes = [self.shard(k).flat(field).size for k in range(self.num_shards)]
+        """Cumulative element counts of ``field`` per shard (num_shards + 1, int64), from
+        the shards' indexes (`shard_indexes`: at a URL, no record is fetched)."""
+        sizes = self.shard_indexes(lambda shard: shard.flat(field).size)
         return np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
+
+    def shard_indexes(self, read: Callable[[Shard], T]) -> list[T]:
+        """``read(index)`` of every shard's index, in shard order: ``index`` is the shard
+        itself when the dataset is local or the shard mapped or cached; at a URL otherwise
+        its index alone (`ShardCache.fetch_index`: tables, metadata and trailer, not the
+        records; ``max_fetches`` at once), checked against the manifest as `shard` checks a
+        shard. ``read`` may use the index's tables (`Shard.element_offsets`,
+        ``columns[f].lengths``, ``flat(f).size``), never its records, and keeps nothing of
+        it: that index is closed once ``read`` returns."""
+        if self.cache is None:
+            return [read(self.shard(k)) for k in range(self.num_shards)]
+        cache = self.cache
+
+        def one(k: int) -> T:
+            entry = self.manifest.shards[k]
+            if self._shards[k] is not None or cache.is_current(entry):
+                return read(self.shard(k))
+            index = cache.fetch_index(entry)
+            try:
+                if index.schema.to_json() != self.schema.to_json():
+                    raise _m9(
+                        join_url(self.where, entry.path),
+                        f"schema {index.schema.to_json()} differs from the manifest's",
+                        f"{self.schema.to_json()}",
+                    )
+                return read(index)
+            finally:
+                index.close()
+
+        with ThreadPoolExecutor(max_workers=cache.config.max_fetches) as pool:
+            return list(pool.map(one, range(self.num_shards)))
 
     def verify(self, workers: int | None = None) -> list[Corruption]:
         """Check every checksum of every shard, ``workers`` threads at a time."""
@@ -439,7 +471,7 @@ def _renew_locks() -> None:
 os.register_at_fork(after_in_child=_renew_locks)
 
 
-def _m9(path: Path, found: str, expected: str) -> FormatError:
+def _m9(path: object, found: str, expected: str) -> FormatError:
     return FormatError(
         f"{path}: {found} disagree with {expected} (rule M9 of docs/format.md)",
         rule="M9",

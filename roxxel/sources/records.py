@@ -21,6 +21,7 @@ import numpy as np
 
 from roxxel.errors import ConfigError, check_int
 from roxxel.format.dataset import Dataset
+from roxxel.format.reader import Shard
 from roxxel.protocols import RowSource, Source
 from roxxel.sources.windows import (
     RowFields,
@@ -146,7 +147,7 @@ class Records:
     def __repr__(self) -> str:
         names = [f.name for f in self.fields]
         return (
-            f"Records({str(self.dataset.path)!r}, fields={names}, max_len={self.max_len}, "
+            f"Records({self.dataset.where!r}, fields={names}, max_len={self.max_len}, "
             f"num_records={len(self)})"
         )
 
@@ -160,14 +161,15 @@ def longest_record(dataset: Dataset, field: str) -> int:
     once per dataset and field."""
     known = _LONGEST.setdefault(dataset, {})
     if field not in known:
-        longest = 0
-        dataset.prefetch(range(dataset.num_shards))  # a dataset at a URL: all in parallel
-        for k in range(dataset.num_shards):
-            column = dataset.shard(k).columns[field]
-            if column.num_records:
-                lengths = column.lengths(np.arange(column.num_records, dtype=np.int64))
-                longest = max(longest, int(lengths.max()))
-        known[field] = max(1, longest)
+
+        def longest_in(shard: Shard) -> int:
+            column = shard.columns[field]
+            if not column.num_records:
+                return 0
+            return int(column.lengths(np.arange(column.num_records, dtype=np.int64)).max())
+
+        # the shards' indexes: at a URL, their tables alone are fetched, not their records
+        known[field] = max([1, *dataset.shard_indexes(longest_in)])
     return known[field]
 
 

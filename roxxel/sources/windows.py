@@ -262,7 +262,7 @@ class TokenWindows(_Stream):
     def __repr__(self) -> str:
         options = [f"{k}={v!r}" for k, v in self._options.items() if v and k != "dtype"]
         return (
-            f"TokenWindows({str(self.dataset.path)!r}, {self.field!r}, seq_len={self.seq_len}"
+            f"TokenWindows({self.dataset.where!r}, {self.field!r}, seq_len={self.seq_len}"
             f"{''.join(', ' + o for o in options)}, dtype={self._dtype.name!r}, "
             f"num_windows={self._num_windows})"
         )

@@ -9,6 +9,7 @@ back; eviction under ``cache_limit_bytes`` spares mapped shards.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -34,6 +35,7 @@ from roxxel.errors import ConfigError, FormatError, RoxxelError
 from roxxel.format.cache import CacheConfig, ShardCache
 from roxxel.format.dataset import Dataset
 from roxxel.format.remote import FetchPolicy, RemoteStore, is_url
+from roxxel.format.spec import pack_trailer, parse_trailer
 
 fsspec = pytest.importorskip("fsspec")
 
@@ -2185,3 +2187,25 @@ def test_issue15_sources_over_a_url_show_the_url_in_their_repr(local, tmp_path):
     ):
         assert repr(source).split("(", 1)[1].startswith(repr(f"file://{local}")), repr(source)
         assert str(tmp_path) not in repr(source)
+
+
+def test_issue15_a_shard_index_past_what_its_records_can_need_is_not_read(tmp_path):
+    """A damaged trailer whose tables start at the data would make the index read the
+    whole shard into memory: refused from the manifest's record count, before that read."""
+    path = tmp_path / "ds"
+    with roxxel.DatasetWriter(path, {"tokens": "int32[]"}) as writer:
+        for _ in range(20):
+            writer.write({"tokens": np.zeros(50_000, np.int32)})  # 4 MiB in one shard
+    (shard,) = path.glob("*.rxs")
+    data = bytearray(shard.read_bytes())
+    trailer = parse_trailer(bytes(data[-64:]), len(data), shard)
+    data[-64:] = pack_trailer(dataclasses.replace(trailer, tables_offset=64))
+    shard.write_bytes(bytes(data))
+    dataset = _open(f"file://{path}", tmp_path / "cache")
+    assert dataset.cache is not None
+    reads = _counting_reads(dataset.cache)
+    with pytest.raises(FormatError) as error:
+        roxxel.Records(dataset)  # padded to the longest record: the index is read
+    assert error.value.rule == "M9" and "an index of" in str(error.value)
+    assert f"file://{path}/{shard.name}" in str(error.value)
+    assert [stop - start for _, start, stop in reads] == [128 << 10]  # the end alone

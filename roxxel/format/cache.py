@@ -77,7 +77,7 @@ from roxxel.format.manifest import (
 )
 from roxxel.format.reader import Shard, read_trailer
 from roxxel.format.remote import FetchPolicy, RemoteStore, fsspec_url, join_url
-from roxxel.format.spec import TRAILER_BYTES, pack_header, parse_trailer
+from roxxel.format.spec import META_MAX_BYTES, TRAILER_BYTES, pack_header, parse_trailer
 
 __all__ = [
     "CacheConfig",
@@ -324,7 +324,7 @@ class ShardCache:
             except (CancelledError, _NoRoom):  # taken over, or a prefetch gave way: again
                 continue
 
-    def fetch_index(self, entry: ShardEntry) -> Shard:
+    def fetch_index(self, entry: ShardEntry, num_fields: int) -> Shard:
         """``entry``'s shard with its index alone: header, tables, metadata and trailer, whose
         offset tables give every record's length; its records are not fetched. The end of
         the object is read (`_INDEX_TAIL_BYTES`), then the tables before it if they start
@@ -332,7 +332,9 @@ class ShardCache:
         temporary file (unlinked once mapped) and checked as a fetched shard's index is: R1-R15
         and its index checksum, then its record count, size and checksum against the entry
         (M9). The record bytes are holes that read as zeros: use the tables only, never a
-        record.
+        record. An index larger than ``num_fields`` fields' tables can be for the entry's
+        record count (three tables of 8 bytes a record each at most, and the metadata) is
+        refused before it is read (M9): a damaged trailer never makes this read a shard.
 
         Raises:
             FormatError: the index does not match the manifest (rule and URL named).
@@ -352,6 +354,14 @@ class ShardCache:
             trailer = parse_trailer(tail[-TRAILER_BYTES:], size, url)
         except FormatError as exc:
             raise _refused(url, exc.rule or "R5", _what(exc, url), exc.offset) from None
+        most = 24 * (entry.num_records + 1) * num_fields + 256 * num_fields + META_MAX_BYTES
+        if size - trailer.tables_offset > most + TRAILER_BYTES:
+            raise _refused(
+                url,
+                "M9",
+                f"an index of {size - trailer.tables_offset} bytes (expected at most {most}"
+                f" for the manifest's {entry.num_records} records of {num_fields} fields)",
+            )
         start = min(trailer.tables_offset, tail_at)
         head = self.store.read(entry.path, start, tail_at) if start < tail_at else b""
         if len(head) != tail_at - start:

@@ -273,7 +273,7 @@ class Dataset(RecordSource):
             entry = self.manifest.shards[k]
             if self._shards[k] is not None or cache.is_current(entry):
                 return read(self.shard(k))
-            index = cache.fetch_index(entry)
+            index = cache.fetch_index(entry, len(self.schema))
             try:
                 if index.schema.to_json() != self.schema.to_json():
                     raise _m9(

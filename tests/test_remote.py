@@ -2208,4 +2208,22 @@ def test_issue15_a_shard_index_past_what_its_records_can_need_is_not_read(tmp_pa
         roxxel.Records(dataset)  # padded to the longest record: the index is read
     assert error.value.rule == "M9" and "an index of" in str(error.value)
     assert f"file://{path}/{shard.name}" in str(error.value)
-    assert [stop - start for _, start, stop in reads] == [128 << 10]  # the end alone
+    assert [stop - start for _, start, stop in reads] == [(128 << 10) + 1]  # the end alone
+
+
+@pytest.mark.parametrize("change", ["appended", "emptied"])
+def test_issue15_a_shard_index_sees_an_object_longer_or_shorter_than_its_entry(tmp_path, change):
+    """The index read stopped at the entry's end: bytes appended passed it (a full fetch
+    asks for one byte more); an object emptied said it ended where the read began."""
+    path = tmp_path / "ds"
+    with roxxel.DatasetWriter(path, {"tokens": "int32[]"}) as writer:
+        for _ in range(4):
+            writer.write({"tokens": np.zeros(50_000, np.int32)})  # 800 KB: past one read
+    (shard,) = path.glob("*.rxs")
+    size = shard.stat().st_size
+    shard.write_bytes(shard.read_bytes() + b"x" if change == "appended" else b"")
+    dataset = _open(f"file://{path}", tmp_path / "cache")
+    with pytest.raises(FormatError) as error:
+        roxxel.TokenWindows(dataset, "tokens", 4)
+    found = f"more than {size}" if change == "appended" else f"at most {size - (128 << 10)}"
+    assert error.value.rule == "M8" and f"object of {found} bytes" in str(error.value)

@@ -330,9 +330,9 @@ class ShardCache:
         the object is read (`_INDEX_TAIL_BYTES`), then the tables before it if they start
         earlier; the v1 header is every shard's. They are laid at their offsets in a sparse
         temporary file (unlinked once mapped) and checked as a fetched shard's index is: R1-R15
-        and its index checksum, then its record count, size and checksum against the entry
-        (M9). The record bytes are holes that read as zeros: use the tables only, never a
-        record. An index larger than ``num_fields`` fields' tables can be for the entry's
+        and its index checksum, then its record count and checksum against the entry (M9);
+        an object longer or shorter than the entry is M8, as in a fetch. The record bytes
+        are holes that read as zeros: use the tables only, never a record. An index larger than ``num_fields`` fields' tables can be for the entry's
         record count (three tables of 8 bytes a record each at most, and the metadata) is
         refused before it is read (M9): a damaged trailer never makes this read a shard.
 
@@ -343,13 +343,10 @@ class ShardCache:
         url = join_url(self.config.url, entry.path)
         size = entry.num_bytes
         tail_at = max(0, size - _INDEX_TAIL_BYTES)
-        tail = self.store.read(entry.path, tail_at, size)
-        if len(tail) != size - tail_at or size < TRAILER_BYTES:
-            raise _refused(
-                url,
-                "M8",
-                f"object ends at byte {tail_at + len(tail)} (expected the manifest's {size})",
-            )
+        # one byte past the entry's end, as a fetch reads: an object longer than it shows
+        tail = self.store.read(entry.path, tail_at, size + 1)
+        if len(tail) != size - tail_at:
+            raise self._wrong_size(entry, tail_at, len(tail))
         try:
             trailer = parse_trailer(tail[-TRAILER_BYTES:], size, url)
         except FormatError as exc:
@@ -364,12 +361,8 @@ class ShardCache:
             )
         start = min(trailer.tables_offset, tail_at)
         head = self.store.read(entry.path, start, tail_at) if start < tail_at else b""
-        if len(head) != tail_at - start:
-            raise _refused(
-                url,
-                "M8",
-                f"object ends at byte {start + len(head)} (expected the manifest's {size})",
-            )
+        if len(head) != tail_at - start:  # the object changed between the two reads
+            raise self._wrong_size(entry, start, len(head))
         with tempfile.NamedTemporaryFile(prefix=".roxxel-index-", suffix=".rxs") as file:
             file.truncate(size)
             os.pwrite(file.fileno(), pack_header(), 0)

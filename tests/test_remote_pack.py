@@ -381,18 +381,11 @@ def test_issue15_remote_pack_stages_under_a_cache_dir_starting_with_a_tilde(
 
 
 def _bpe(folder: Path) -> Path:
-    tokenizers = pytest.importorskip("tokenizers")
-    bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
-    bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator([f"a quick brown fox {i}" for i in range(50)], trainer)
-    bpe.save(str(folder / "tokenizer.json"))
-    return folder / "tokenizer.json"
+    pytest.importorskip("tokenizers")
+    from tests.test_tokenize import train_bpe
+
+    train_bpe([f"a quick brown fox {i}" for i in range(50)], 300).save(str(folder / "tok.json"))
+    return folder / "tok.json"
 
 
 def _photos(folder: Path) -> Path:

@@ -74,19 +74,25 @@ def _bytes_of_unicode() -> dict[str, int]:
     return {chr(c): b for b, c in zip(keep, chars, strict=True)}
 
 
-@pytest.fixture(scope="module")
-def toks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    folder = tmp_path_factory.mktemp("toks")
-    texts = _texts(400)
+def train_bpe(texts: list[str], vocab_size: int) -> Any:
+    """A byte-level BPE trained offline on ``texts``, with ``<|endoftext|>`` as a special."""
     bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
     bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
     trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=500,
+        vocab_size=vocab_size,
         special_tokens=["<|endoftext|>"],
         initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     bpe.train_from_iterator(texts, trainer)
+    return bpe
+
+
+@pytest.fixture(scope="module")
+def toks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("toks")
+    texts = _texts(400)
+    bpe = train_bpe(texts, 500)
     bpe.save(str(folder / "tokenizer.json"))
     table = _bytes_of_unicode()
     with open(folder / "ranks.tiktoken", "w") as f:

@@ -58,9 +58,9 @@ __all__ = ["Dataset", "open_dataset"]
 
 # Every open dataset, so a forked child can replace locks another thread held at the fork.
 _OPEN: weakref.WeakSet[Dataset] = weakref.WeakSet()
+T = TypeVar("T")
 # rows per shard of a batch up to which `gather_rows` copies row by row: a row's copy costs
 # about a microsecond here, a shard's take and scatter (`gather`) about four
-T = TypeVar("T")
 _ROWS_PER_SHARD = 4
 
 

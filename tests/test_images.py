@@ -875,3 +875,75 @@ def test_issue14_hf_without_class_labels_keeps_no_labels(tmp_path):
         assert _pack(src, "-o", tmp_path / f"ds{i}", "--image-size", "8") == 0
         meta = roxxel.open_dataset(tmp_path / f"ds{i}").metadata["images"]
         assert meta["labels"] == {} and meta["label_field"] is None
+
+
+def _pack_in_subprocess(*argv: object, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """`roxxel pack ARGV -q` in a child process: a pack that hangs fails the test (timeout)
+    instead of hanging it."""
+    script = "import sys; from roxxel.cli import main; sys.exit(main(sys.argv[1:]))"
+    args = [sys.executable, "-c", script, "pack", *map(str, argv), "-q"]
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs FIFOs")
+@pytest.mark.parametrize(
+    "name", ["state.json", "data-00000-of-00001.arrow", "dataset_info.json", "link"]
+)
+def test_issue14_hf_folder_files_that_are_no_regular_files_are_refused(tmp_path, name):
+    """A FIFO named state.json (or the data file) in an HF save_to_disk folder hung the pack
+    forever in `open()`: it is refused, one line naming it and what it is. A link to a FIFO
+    the same; a FIFO dataset_info.json too (it was passed over without a word)."""
+    src = _hf_class_label_dir(tmp_path, None)
+    target = src / ("data-00000-of-00001.arrow" if name == "link" else name)
+    target.unlink(missing_ok=True)
+    if name == "link":
+        os.mkfifo(tmp_path / "fifo")
+        target.symlink_to(tmp_path / "fifo")
+    else:
+        os.mkfifo(target)
+    done = _pack_in_subprocess(src, "-o", tmp_path / "ds", "--image-size", "16")
+    err = done.stderr.strip()
+    assert done.returncode == 1, err
+    assert len(err.splitlines()) == 1, err
+    assert f"{target}: not a regular file (a FIFO, expected " in err, err
+    assert not (tmp_path / "ds").exists()
+
+
+def test_issue14_hf_class_label_of_a_column_the_data_lacks_keeps_no_labels(tmp_path, capsys):
+    """dataset_info.json's one ClassLabel `coarse` named no column of the Arrow data (`image,
+    label`): the pack wrote `images.labels` of `coarse` and `roxxel info` said `3 labels in
+    'coarse'`, a column the dataset does not have. Such names are now left out."""
+    features = {
+        "image": {"_type": "Image"},
+        "coarse": {"_type": "ClassLabel", "names": ["cat", "dog", "zebra"]},
+    }
+    src = _hf_class_label_dir(tmp_path, features)
+    out = tmp_path / "ds"
+    assert _pack(src, "-o", out, "--image-size", "8") == 0
+    ds = roxxel.open_dataset(out)
+    assert [ds[i]["label"] for i in range(3)] == [2, 0, 1]
+    meta = ds.metadata["images"]
+    assert meta["labels"] == {} and meta["label_field"] is None, meta
+    capsys.readouterr()
+    assert main(["info", str(out)]) == 0
+    assert "coarse" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("keep_label", [False, True])
+def test_issue14_hf_class_label_names_are_not_kept_under_a_map(tmp_path, keep_label):
+    """With --map (its function makes the records: it may drop or rewrite the label), the
+    HF folder's ClassLabel names were still written as the labels of `label`."""
+    features = {
+        "image": {"_type": "Image"},
+        "label": {"_type": "ClassLabel", "names": ["cat", "dog", "zebra"]},
+    }
+    src = _hf_class_label_dir(tmp_path, features)
+    fn = tmp_path / "fn.py"
+    body = "{**record}" if keep_label else '{"image": record["image"], "n": record["label"]}'
+    fn.write_text(f"def fn(record):\n    return {body}\n")
+    out = tmp_path / "ds"
+    assert _pack(src, "-o", out, "--image-size", "8", "--map", f"{fn}:fn") == 0
+    ds = roxxel.open_dataset(out)
+    assert ("label" in ds.schema.to_json()) == keep_label
+    meta = ds.metadata["images"]
+    assert meta["labels"] == {} and meta["label_field"] is None, meta

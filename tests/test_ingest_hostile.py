@@ -721,3 +721,81 @@ def test_issue14_an_eos_id_past_the_token_dtype_shows_the_fix_in_the_form_used(
     else:
         assert f'{schema}: tokens = "uint8[]": ' in err, err
         assert 'e.g. tokens = "uint16[]")' in err and "--field" not in err, err
+
+
+# ---- issue 14: inference refusals name the file and line, and give a usable example ----
+
+
+def _nested(depth: int) -> object:
+    value: object = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("depth", [9, 32, 64, 65, 200])
+@pytest.mark.parametrize("line", [1, 2])
+def test_issue14_lists_nested_past_the_rank_limit_name_the_line_and_depth(
+    tmp_path, capsys, depth, line
+):
+    """`{"a": [[[...1...]]]}` nested 9..64 deep said `field 'a': rank 32 (expected at most
+    8)`, no file or line; 65 deep and more (past numpy's 64 dimensions) `holds ragged nested
+    lists`, which they are not."""
+    rows = [{"a": _nested(depth)}] if line == 1 else [{"a": [1]}, {"a": _nested(depth)}]
+    src = _jsonl(tmp_path / "deep.jsonl", rows)
+    assert _run("pack", src, "-o", tmp_path / "ds", "-q") == 1
+    err = _one_line_error(capsys)
+    assert err.startswith(f"roxxel pack: error: {src}:{line}: schema inference: field 'a' "), err
+    assert f"nested {depth} deep (expected at most 8 dimensions" in err, err
+    assert "--map" in err and "ragged" not in err and "rank" not in err, err
+
+
+def test_issue14_lists_nested_8_deep_are_still_inferred(tmp_path):
+    src = _jsonl(tmp_path / "deep.jsonl", [{"a": _nested(8)}])
+    assert _run("pack", src, "-o", tmp_path / "ds", "-q") == 0
+    assert roxxel.open_dataset(tmp_path / "ds").schema["a"].spec == "int64[,1,1,1,1,1,1,1]"
+
+
+@pytest.mark.parametrize("value", [[[]], [[], []], [[[]]]])
+def test_issue14_only_empty_inner_lists_give_an_example_the_parser_takes(tmp_path, capsys, value):
+    """`{"a": [[]]}` said `only empty lists ..., e.g. --field a:int64[,0]`, an example the
+    parser then refused (`bad dimension '0' in [,0] (expected 1..2**32)`)."""
+    src = _jsonl(tmp_path / "e.jsonl", [{"a": value, "b": 1}])
+    assert _run("pack", src, "-o", tmp_path / "ds", "-q") == 1
+    err = _one_line_error(capsys)
+    assert err.startswith(f"roxxel pack: error: {src}:1: schema inference: field 'a' "), err
+    assert "[,0" not in err and ",0]" not in err, err
+    assert "empty inner lists" in err and "1..2**32" in err, err
+    assert "--field a:int64[," in err and "N]" in err and "--field b:int64" in err, err
+
+
+def test_issue14_an_empty_inner_list_beside_a_full_one_gives_the_full_ones_example(
+    tmp_path, capsys
+):
+    src = _jsonl(tmp_path / "e.jsonl", [{"a": [[]]}, {"a": [[1, 2]]}])
+    assert _run("pack", src, "-o", tmp_path / "ds", "-q") == 1
+    err = _one_line_error(capsys)
+    assert "e.g. --field a:int64[,2])" in err and "[,0]" not in err, err
+    assert (
+        _run("pack", src, "-o", tmp_path / "ds", "--field", "a:int64[,2]", "--skip-bad", "-q") == 0
+    )
+
+
+@pytest.mark.parametrize("rows", [[{}], [{}, {}], [{}, {"a": 1}]])
+def test_issue14_a_record_with_no_fields_names_its_line(tmp_path, capsys, rows):
+    """A JSONL file whose only line is `{}` said `schema: expected a non-empty mapping of
+    name -> spec ({})`, no file or line."""
+    src = _jsonl(tmp_path / "z.jsonl", rows)
+    assert _run("pack", src, "-o", tmp_path / "ds", "-q") == 1
+    err = _one_line_error(capsys)
+    assert err.startswith(f"roxxel pack: error: {src}:1: schema inference: "), err
+    assert "the record has no fields" in err and "non-empty mapping" not in err, err
+
+
+def test_issue14_lists_nested_past_numpys_limit_under_a_given_field_say_how_deep(tmp_path, capsys):
+    """With `--field a:int64[]`, a record nested 65+ deep said `holds ragged nested lists`."""
+    src = _jsonl(tmp_path / "deep.jsonl", [{"a": [1]}, {"a": _nested(70)}])
+    assert _run("pack", src, "-o", tmp_path / "ds", "--field", "a:int64[]", "-q") == 1
+    err = _one_line_error(capsys)
+    assert f"{src}:2: field 'a' holds lists nested 70 deep (expected int64[]" in err, err
+    assert "ragged" not in err, err

@@ -586,3 +586,43 @@ def test_issue15_merge_o_a_url_is_refused_not_made_a_local_folder(tmp_path, caps
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "is a URL" in err, err
     assert not (tmp_path / "file:").exists() and not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("shape", ["one-long-name", "long-path"])
+def test_issue15_pack_o_a_path_too_long_is_one_short_line_naming_the_rule(tmp_path, capsys, shape):
+    """`-o` a 300-character name (or a 6,000-character path) said `[Errno 36] File name too
+    long: 'eeee…'`, echoing the whole path, without `-o` or the rule: the check's own look at
+    whether the path was a link raised again."""
+    src = _corpus(tmp_path / "in.jsonl", n=20)
+    long = "e" * 300 if shape == "one-long-name" else "/".join(["e" * 200] * 30)
+    out = tmp_path / long
+    assert main(["pack", str(src), "-o", str(out), "-q", *FIELDS]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Errno" not in err and "Traceback" not in err, err
+    assert err.startswith(f"roxxel pack: error: -o: {str(out)[:100] + '...'!r} "), err
+    assert "cannot be looked at (File name too long, expected a local folder" in err, err
+    assert len(err) < 400, err
+
+
+def test_issue15_pack_o_a_path_that_cannot_be_looked_at_names_the_reason(
+    tmp_path, capsys, monkeypatch
+):
+    """A folder that denies a look (EACCES) said `[Errno 13] Permission denied: ...`: the
+    look at whether it was a link raised again. (Root ignores modes: the denial is faked.)"""
+    src = _corpus(tmp_path / "in.jsonl", n=20)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    out = locked / "ds"
+    real_stat = Path.stat
+
+    def stat(self, *, follow_symlinks=True):
+        if str(self).startswith(str(locked)):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return real_stat(self, follow_symlinks=follow_symlinks)
+
+    monkeypatch.setattr(Path, "stat", stat)
+    assert main(["pack", str(src), "-o", str(out), "-q", *FIELDS]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Errno" not in err and "Traceback" not in err, err
+    assert err.startswith(f"roxxel pack: error: -o: {str(out)!r} cannot be looked at"), err
+    assert "(Permission denied, expected a local folder to pack into" in err, err

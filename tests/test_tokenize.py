@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -1123,3 +1124,60 @@ def test_issue14_a_null_text_in_parquet_names_the_row_before_the_field(toks, tmp
     assert f"{nulls}: row 1: field 'text': null (expected a value in every row)" in err, err
     assert _pack(ints, "-o", tmp_path / "ds", "--tokenizer", toks["hf"]) == 1
     assert f"{ints}: row 0: field 'text': " in capsys.readouterr().err
+
+
+def _pack_in_subprocess(*argv: object, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """`roxxel pack ARGV -q` in a child process: a pack that hangs fails the test (timeout)
+    instead of hanging it."""
+    script = "import sys; from roxxel.cli import main; sys.exit(main(sys.argv[1:]))"
+    args = [sys.executable, "-c", script, "pack", *map(str, argv), "-q"]
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs FIFOs")
+@pytest.mark.parametrize("name", ["fifo.json", "fifo.model", "fifo.tiktoken", "link.json"])
+def test_issue14_a_tokenizer_that_is_no_regular_file_is_refused_not_waited_on(tmp_path, name):
+    """`--tokenizer tok/fifo.json` (a FIFO, or a link to one) hung forever in `open()` while
+    hashing the file: it is refused, one line naming it and what it is."""
+    tok_dir = tmp_path / "tok"
+    tok_dir.mkdir()
+    fifo = tok_dir / "fifo"
+    os.mkfifo(fifo)
+    tok = tok_dir / name
+    if name.startswith("link"):
+        tok.symlink_to(fifo)
+    else:
+        fifo.rename(tok)
+    src = _jsonl(tmp_path / "c.jsonl", _texts(3))
+    done = _pack_in_subprocess(src, "-o", tmp_path / "ds", "--tokenizer", tok)
+    err = done.stderr.strip()
+    assert done.returncode == 1, err
+    assert len(err.splitlines()) == 1, err
+    assert f"--tokenizer {tok}: not a regular file (a FIFO, expected a tokenizer file)" in err
+    assert not (tmp_path / "ds").exists()
+
+
+def test_issue14_a_tokenizer_that_is_a_directory_says_so(tmp_path, capsys):
+    tok = tmp_path / "tok.json"
+    tok.mkdir()
+    src = _jsonl(tmp_path / "c.jsonl", _texts(3))
+    assert _pack(src, "-o", tmp_path / "ds", "--tokenizer", tok) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"--tokenizer {tok}: not a regular file (a directory, expected a tokenizer file)" in err
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs FIFOs")
+def test_issue14_a_tokenizer_config_that_is_no_regular_file_is_refused(toks, tmp_path):
+    """A FIFO named tokenizer_config.json beside the tokenizer.json was passed over without
+    a word (its EOS / BOS silently not read): it is refused, naming it."""
+    tok_dir = tmp_path / "tok"
+    tok_dir.mkdir()
+    tok = tok_dir / "tokenizer.json"
+    shutil.copy(toks["hf"], tok)
+    os.mkfifo(tok_dir / "tokenizer_config.json")
+    src = _jsonl(tmp_path / "c.jsonl", _texts(3))
+    done = _pack_in_subprocess(src, "-o", tmp_path / "ds", "--tokenizer", tok)
+    err = done.stderr.strip()
+    assert done.returncode == 1 and len(err.splitlines()) == 1, err
+    assert f"{tok_dir / 'tokenizer_config.json'}: not a regular file (a FIFO, " in err, err

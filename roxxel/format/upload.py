@@ -151,30 +151,52 @@ def check_local_folder(
     Too many levels of symbolic links``. The `ConfigError` names ``where``, then ``shown``
     (default ``path``: a URL, say), then ``rule`` (what was expected)."""
     target = Path(path)
-    label = f"{where.rstrip(':')}: {str(path) if shown is None else shown!r}"
+    label = f"{where.rstrip(':')}: {_shorten(str(path) if shown is None else shown)}"
     for place in (target, *target.parents):
         try:
             found = place.stat()
         except OSError as exc:
-            if place.is_symlink():
+            if _is_link(place):
                 broken = "dangling or a loop"
                 said = (
                     f"is a link to nothing ({broken}"
                     if place == target
-                    else f"is under a link to nothing ({str(place)!r}: {broken}"
+                    else f"is under a link to nothing ({_shorten(str(place))}: {broken}"
                 )
                 raise ConfigError(f"{label} {said}, expected {rule})", path=place) from None
             if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
                 continue  # not there yet, or under a file or a loop, met further up
             why = exc.strerror or type(exc).__name__
+            under = "" if place == target else f" ({_shorten(str(place))})"
             raise ConfigError(
-                f"{label}: {str(place)!r} cannot be looked at ({why}, expected {rule})",
-                path=place,
+                f"{label}{under} cannot be looked at ({why}, expected {rule})", path=place
             ) from None
         if not stat.S_ISDIR(found.st_mode):
-            under = "" if place == target else f"{str(place)!r} is not one, "
+            under = "" if place == target else f"{_shorten(str(place))} is not one, "
             raise ConfigError(f"{label} is not a folder ({under}expected {rule})", path=place)
         return
+
+
+_SHOWN_CHARS = 100  # a longer path is cut to its first 100 characters in a message
+
+
+def _shorten(text: str) -> str:
+    """``text`` as its repr, cut to its first 100 characters and ``...`` when longer (a
+    path past the system's limit, say, is not echoed whole).
+
+    >>> _shorten("a/b"), _shorten("e" * 300) == repr("e" * 100 + "...")
+    ("'a/b'", True)
+    """
+    return repr(text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "...")
+
+
+def _is_link(place: Path) -> bool:
+    """Whether ``place`` is a symbolic link; False when even that cannot be looked at
+    (``Path.is_symlink`` raises for a name too long or a folder denying a look)."""
+    try:
+        return stat.S_ISLNK(place.lstat().st_mode)
+    except OSError:
+        return False
 
 
 def put_files(

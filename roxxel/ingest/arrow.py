@@ -28,6 +28,7 @@ from roxxel.ingest.units import (
     ReadOptions,
     Record,
     check_range,
+    not_a_regular_file,
     row_pieces,
 )
 
@@ -491,6 +492,7 @@ def hf_files(directory: str) -> list[str]:
         raise ConfigError(
             f"{directory}: a DatasetDict with splits {splits} (expected one split: pass {directory}/<split>)"
         )
+    _check_regular(state_path, "the HF dataset state file")
     try:
         with open(state_path, "rb") as f:
             state = load_json(f.read(), state_path, ConfigError)
@@ -512,19 +514,32 @@ def hf_files(directory: str) -> list[str]:
             f"{directory}: dataset has an indices mapping (expected none: call "
             f".flatten_indices() before save_to_disk)"
         )
+    for path in files:
+        _check_regular(path, f"an Arrow data file of {directory}")
     return files
+
+
+def _check_regular(path: str, expected: str) -> None:
+    """Raise ConfigError when ``path`` is there but no regular file (links followed): a
+    FIFO would block ``open`` forever. A missing file passes (its reader says so)."""
+    what = not_a_regular_file(path)
+    if what is not None:
+        raise ConfigError(f"{path}: not a regular file ({what}, expected {expected})", path=path)
 
 
 def hf_class_names(directories: list[str], label_field: str) -> tuple[str, dict[str, int]]:
     """The label column of HF ``save_to_disk`` directories and ``{name: label}`` of its
     ``ClassLabel`` names, from each ``dataset_info.json``'s features: the ``ClassLabel``
     named ``label_field``, else the one ``ClassLabel`` feature; ``(label_field, {})`` when
-    there is none. Raises ConfigError for a dataset_info.json that is not JSON, or
-    directories whose labels differ."""
+    there is none, or when its column is not a column of a directory's Arrow data (the
+    metadata would name a label column the dataset lacks). Raises ConfigError for a
+    dataset_info.json that is not JSON (or no regular file), or directories whose labels
+    differ."""
     found: tuple[str, dict[str, int]] | None = None
     first = ""
     for directory in directories:
         info_path = os.path.join(directory, "dataset_info.json")
+        _check_regular(info_path, "the HF dataset info file, or none")
         if not os.path.isfile(info_path):
             continue
         with open(info_path, "rb") as f:
@@ -536,6 +551,8 @@ def hf_class_names(directories: list[str], label_field: str) -> tuple[str, dict[
             (name,) = labels
         else:
             continue
+        if name not in _hf_columns(directory):
+            return label_field, {}
         names = labels[name]
         this = (name, {n: i for i, n in enumerate(names)})
         if found is not None and this != found:
@@ -546,6 +563,22 @@ def hf_class_names(directories: list[str], label_field: str) -> tuple[str, dict[
             )
         found, first = this, info_path
     return found or (label_field, {})
+
+
+def _hf_columns(directory: str) -> set[str]:
+    """The columns every Arrow data file of an HF ``save_to_disk`` directory has (from
+    their schemas, as `check_image_columns` reads them); none for a file that does not
+    read (its reader says why)."""
+    pa = _pyarrow()
+    read = _ipc_schema_of(pa)
+    columns: set[str] | None = None
+    for path in hf_files(directory):
+        try:
+            names = set(read(path).names)
+        except (pa.ArrowException, OSError):
+            return set()
+        columns = names if columns is None else columns & names
+    return columns or set()
 
 
 def _class_labels(features: object) -> dict[str, list[str]]:

@@ -248,10 +248,12 @@ def table_images(
     """``config`` checked against its Parquet / Arrow / HF inputs, before any schema is
     made: the image column is there and may hold image bytes (unless ``mapped``: a --map
     function makes the records; see `check_image_columns`). Without class folders, it
-    takes the ``ClassLabel`` names of the HF dataset ``directories`` (`hf_class_names`)
-    for its metadata."""
-    if not mapped:
-        check_image_columns(inputs, config.field)
+    takes the ``ClassLabel`` names of the HF dataset ``directories`` (`hf_class_names`:
+    only of a column their Arrow data has) for its metadata; not when ``mapped``: the
+    function may drop or rewrite the label column."""
+    if mapped:
+        return config
+    check_image_columns(inputs, config.field)
     hf = [d for d in directories if is_hf_dir(d)]
     if config.classes or not hf:
         return config

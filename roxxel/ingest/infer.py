@@ -24,7 +24,7 @@ from typing import Any, Literal
 import numpy as np
 
 from roxxel.errors import ConfigError
-from roxxel.format.schema import MAX_FIELD_NAME, Field, ragged_lists
+from roxxel.format.schema import MAX_FIELD_NAME, MAX_RANK, Field, ragged_lists
 from roxxel.ingest.units import Record
 
 __all__ = ["infer_schema", "max_record_bytes", "project_record"]
@@ -46,7 +46,7 @@ class _Guess:
     negative: bool = False  # a Python number below zero
 
 
-_Kind = Literal["ambiguous", "convert", "ragged", "missing", "null", "range"]
+_Kind = Literal["ambiguous", "convert", "ragged", "missing", "null", "range", "deep", "empty"]
 
 
 class _Unclear(ValueError):
@@ -54,7 +54,8 @@ class _Unclear(ValueError):
     (``at``; None: the value guessed, placed by the caller), and ``kind``: "ambiguous"
     (--field decides), "convert" (values no one spec takes: --map makes them one),
     "ragged" (nested lists of different lengths), "missing" (from some records), "null"
-    (no type holds one) or "range" (no 64-bit integer holds it)."""
+    (no type holds one), "range" (no 64-bit integer holds it), "deep" (more dimensions
+    than a field has) or "empty" (only empty inner lists: no dimension of 0 is taken)."""
 
     def __init__(self, why: str, at: int | None = None, kind: _Kind = "ambiguous") -> None:
         super().__init__(why)
@@ -92,6 +93,9 @@ def _guess(value: Any, int_dtype: str, float_dtype: str) -> _Guess:
     if isinstance(value, bytes | bytearray):
         return _Guess("bytes", "", (), False)
     if isinstance(value, bool | int | float | list):
+        depth = _depth(value)
+        if depth > MAX_RANK:  # before numpy: past its 64 dimensions it says "inhomogeneous"
+            raise _Unclear(f"lists nested {depth} deep", kind="deep")
         try:
             objects = np.asarray(value, dtype=object)  # exact Python numbers, any size
             shape, leaves = objects.shape, objects.ravel().tolist()
@@ -105,8 +109,25 @@ def _guess(value: Any, int_dtype: str, float_dtype: str) -> _Guess:
     if isinstance(value, np.ndarray | np.generic):
         if value.dtype.kind not in "biuf":
             raise _Unclear(f"numpy dtype {value.dtype}", kind="convert")
+        if value.ndim > MAX_RANK:
+            raise _Unclear(f"arrays of {value.ndim} dimensions", kind="deep")
         return _Guess("array", value.dtype.name, np.shape(value), False)
     raise _Unclear(f"a {type(value).__name__} value", kind="convert")
+
+
+def _depth(value: Any) -> int:
+    """How deep lists nest along their first items (a field's dimensions), without numpy.
+
+    >>> _depth(3), _depth([]), _depth([[]]), _depth([[[1, 2]], [[3, 4]]])
+    (0, 1, 2, 3)
+    """
+    depth = 0
+    while isinstance(value, list):
+        depth += 1
+        if not value:
+            break
+        value = value[0]
+    return depth
 
 
 def _word(guess: _Guess) -> str:
@@ -130,6 +151,11 @@ def _first_unlike(keys: list[Any]) -> int:
 def _merge_dtype(guesses: list[_Guess]) -> str:
     dtypes = {g.dtype for g in guesses if g.dtype}
     if not dtypes:
+        hollow = [i for i, g in enumerate(guesses) if 0 in g.shape[1:]]
+        if hollow:  # [[]]: an inner length of 0, which no spec takes
+            raise _Unclear(
+                "only empty inner lists (e.g. [[]]) in the first records", hollow[0], "empty"
+            )
         raise _Unclear("only empty lists in the first records", 0)
     if len(dtypes) == 1:
         return dtypes.pop()
@@ -189,11 +215,16 @@ def _field_spec(values: list[Any], fixed_arrays: bool, int_dtype: str, float_dty
 
 
 def _example(values: list[Any], int_dtype: str, float_dtype: str) -> str:
-    """A spec for the first value that has one (a hint's example), else ``SPEC``.
+    """A spec for the first value that has one (a hint's example), else ``SPEC``. Empty
+    inner lists (``[[]]``) give no inner length, and no spec takes 0: the first other
+    value's spec, else one with ``N`` in its place (a placeholder the hint explains).
 
     >>> _example([None, "a", 1], "int64", "float64"), _example([[], [1.5]], "int64", "float64")
     ('str', 'int64[]')
+    >>> _example([[[]], [[1.5]]], "int64", "float64"), _example([[[]]], "int64", "float64")
+    ('float64[,1]', 'int64[,N]')
     """
+    hollow = ""
     for value in values:
         try:
             guess = _guess(value, int_dtype, float_dtype)
@@ -204,8 +235,12 @@ def _example(values: list[Any], int_dtype: str, float_dtype: str) -> str:
         dtype = guess.dtype or int_dtype
         if not guess.shape:
             return dtype
-        return dtype + "[" + ",".join([""] + [str(d) for d in guess.shape[1:]]) + "]"
-    return "SPEC"
+        inner = guess.shape[1:]
+        spec = dtype + "[" + ",".join([""] + [str(d) if d else "N" for d in inner]) + "]"
+        if 0 not in inner:
+            return spec
+        hollow = hollow or spec
+    return hollow or "SPEC"
 
 
 def infer_schema(
@@ -243,6 +278,13 @@ def infer_schema(
 
     _check_names(samples, place)
     names = list(samples[0])
+    if not names and not given:  # `{}` (where the pack makes no field itself: an image or
+        # token pack infers only the fields besides its own): refused naming its place
+        raise ConfigError(
+            f"{place(0)}schema inference: the record has no fields (expected at least one "
+            "field to infer the schema from: drop such records with --map, or pass --field "
+            "NAME:SPEC for the other records' fields with --skip-bad to skip them)"
+        )
     specs: dict[str, str | _Unclear] = {}
     for name in names:
         values = [r[name] for r in samples if name in r]
@@ -312,6 +354,17 @@ def _refusal(name: str, e: _Unclear, flags: dict[str, str]) -> str:
             f"is missing from some records (expected it in every record: fill it in with "
             f"--map, or leave it out (pass --field NAME:SPEC for the others), {skip} without "
             f"it, e.g. {example})"
+        )
+    if e.kind == "deep":
+        return (
+            f"holds {e.why} (expected at most {MAX_RANK} dimensions: flatten or reshape them "
+            f"with --map, {skip} holding them, e.g. {example})"
+        )
+    if e.kind == "empty":
+        return (
+            f"holds {e.why} (expected inner lists of 1..2**32 values, and values to take a "
+            f"dtype from: pad or flatten them with --map, {skip} holding them, e.g. {example},"
+            " N the inner lists' length)"
         )
     if e.kind == "ragged":
         return (
@@ -386,6 +439,12 @@ def _list_array(value: list[Any], field_: Field) -> Any:
     try:
         array = np.asarray(value)
     except ValueError:  # ragged nested lists: numpy's words are "inhomogeneous shape"
+        depth = _depth(value)
+        if depth > MAX_RANK:  # past numpy's 64 dimensions, not ragged
+            raise ConfigError(
+                f"field {field_.name!r} holds lists nested {depth} deep (expected "
+                f"{field_.spec}: at most {MAX_RANK} dimensions)"
+            ) from None
         raise ConfigError(ragged_lists(field_)) from None
     target = field_.dtype
     if array.size == 0:  # e.g. [[]]: no value to check; the writer judges the shape

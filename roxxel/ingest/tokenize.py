@@ -36,7 +36,7 @@ from typing import Any, Literal
 import numpy as np
 
 from roxxel.errors import ConfigError, check_int, load_json
-from roxxel.ingest.units import BadRecords, Piece, Record
+from roxxel.ingest.units import BadRecords, Piece, Record, not_a_regular_file
 
 __all__ = [
     "BATCH_TEXTS",
@@ -78,7 +78,14 @@ def tokenizer_kind(path: str) -> TokenizerKind:
 
 
 def file_sha256(path: str) -> str:
-    """The sha256 of a file (hex): a tokenizer's fingerprint. Raises ConfigError if missing."""
+    """The sha256 of a file (hex): a tokenizer's fingerprint. Raises ConfigError if missing,
+    or not a regular file (a FIFO would block ``open`` forever)."""
+    what = not_a_regular_file(path)
+    if what is not None:
+        raise ConfigError(
+            f"--tokenizer {path}: not a regular file ({what}, expected a tokenizer file)",
+            path=path,
+        )
     try:
         with open(path, "rb") as f:
             return hashlib.file_digest(f, "sha256").hexdigest()
@@ -399,7 +406,16 @@ def _config_sha256(path: str) -> str | None:
     """The sha256 of the tokenizer_config.json beside an HF tokenizer.json; None for another
     kind of tokenizer or without one."""
     beside = _config_path(path)
-    if tokenizer_kind(path) != "hf" or not os.path.isfile(beside):
+    if tokenizer_kind(path) != "hf":
+        return None
+    what = not_a_regular_file(beside)
+    if what is not None:  # a FIFO would block open forever; a folder is no settings file
+        raise ConfigError(
+            f"{beside}: not a regular file ({what}, expected the tokenizer settings of "
+            f"--tokenizer {path}, or nothing of that name)",
+            path=beside,
+        )
+    if not os.path.isfile(beside):
         return None
     with open(beside, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()

@@ -33,6 +33,7 @@ __all__ = [
     "Record",
     "WorkUnit",
     "group_pieces",
+    "not_a_regular_file",
     "row_location",
     "row_pieces",
     "special_file_kind",
@@ -324,3 +325,15 @@ def special_file_kind(mode: int) -> str:
     'a FIFO'
     """
     return next((what for test, what in _SPECIAL_FILES if test(mode)), "not a regular file")
+
+
+def not_a_regular_file(path: str) -> str | None:
+    """What ``path`` is (`special_file_kind`: ``'a FIFO'``, ``'a directory'``) when, links
+    followed, it is there but is no regular file; None for a regular file, or a path that
+    does not stat (its ``open`` says why). Check before opening a file whose name a user
+    gives: ``open`` of a FIFO waits for a writer, forever."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return None if stat.S_ISREG(mode) else special_file_kind(mode)

@@ -32,6 +32,7 @@ from roxxel.ingest.images import (
     parse_image_size,
 )
 from roxxel.ingest.inputs import Input
+from tests.cli_run import pack_in_subprocess
 
 Image = pytest.importorskip("PIL.Image")
 ImageOps = pytest.importorskip("PIL.ImageOps")
@@ -877,14 +878,6 @@ def test_issue14_hf_without_class_labels_keeps_no_labels(tmp_path):
         assert meta["labels"] == {} and meta["label_field"] is None
 
 
-def _pack_in_subprocess(*argv: object, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    """`roxxel pack ARGV -q` in a child process: a pack that hangs fails the test (timeout)
-    instead of hanging it."""
-    script = "import sys; from roxxel.cli import main; sys.exit(main(sys.argv[1:]))"
-    args = [sys.executable, "-c", script, "pack", *map(str, argv), "-q"]
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-
-
 @pytest.mark.skipif(sys.platform == "win32", reason="needs FIFOs")
 @pytest.mark.parametrize(
     "name", ["state.json", "data-00000-of-00001.arrow", "dataset_info.json", "link"]
@@ -901,7 +894,7 @@ def test_issue14_hf_folder_files_that_are_no_regular_files_are_refused(tmp_path,
         target.symlink_to(tmp_path / "fifo")
     else:
         os.mkfifo(target)
-    done = _pack_in_subprocess(src, "-o", tmp_path / "ds", "--image-size", "16")
+    done = pack_in_subprocess(src, "-o", tmp_path / "ds", "--image-size", "16")
     err = done.stderr.strip()
     assert done.returncode == 1, err
     assert len(err.splitlines()) == 1, err

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from roxxel.cli import main
 from roxxel.errors import ConfigError
 from roxxel.ingest import tokenize
 from roxxel.ingest.tokenize import TIKTOKEN_PATTERN, load_tokenizer
+from tests.cli_run import pack_in_subprocess
 
 tokenizers = pytest.importorskip("tokenizers")
 spm = pytest.importorskip("sentencepiece")
@@ -1126,14 +1126,6 @@ def test_issue14_a_null_text_in_parquet_names_the_row_before_the_field(toks, tmp
     assert f"{ints}: row 0: field 'text': " in capsys.readouterr().err
 
 
-def _pack_in_subprocess(*argv: object, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    """`roxxel pack ARGV -q` in a child process: a pack that hangs fails the test (timeout)
-    instead of hanging it."""
-    script = "import sys; from roxxel.cli import main; sys.exit(main(sys.argv[1:]))"
-    args = [sys.executable, "-c", script, "pack", *map(str, argv), "-q"]
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-
-
 @pytest.mark.skipif(sys.platform == "win32", reason="needs FIFOs")
 @pytest.mark.parametrize("name", ["fifo.json", "fifo.model", "fifo.tiktoken", "link.json"])
 def test_issue14_a_tokenizer_that_is_no_regular_file_is_refused_not_waited_on(tmp_path, name):
@@ -1149,7 +1141,7 @@ def test_issue14_a_tokenizer_that_is_no_regular_file_is_refused_not_waited_on(tm
     else:
         fifo.rename(tok)
     src = _jsonl(tmp_path / "c.jsonl", _texts(3))
-    done = _pack_in_subprocess(src, "-o", tmp_path / "ds", "--tokenizer", tok)
+    done = pack_in_subprocess(src, "-o", tmp_path / "ds", "--tokenizer", tok)
     err = done.stderr.strip()
     assert done.returncode == 1, err
     assert len(err.splitlines()) == 1, err
@@ -1177,7 +1169,7 @@ def test_issue14_a_tokenizer_config_that_is_no_regular_file_is_refused(toks, tmp
     shutil.copy(toks["hf"], tok)
     os.mkfifo(tok_dir / "tokenizer_config.json")
     src = _jsonl(tmp_path / "c.jsonl", _texts(3))
-    done = _pack_in_subprocess(src, "-o", tmp_path / "ds", "--tokenizer", tok)
+    done = pack_in_subprocess(src, "-o", tmp_path / "ds", "--tokenizer", tok)
     err = done.stderr.strip()
     assert done.returncode == 1 and len(err.splitlines()) == 1, err
     assert f"{tok_dir / 'tokenizer_config.json'}: not a regular file (a FIFO, " in err, err

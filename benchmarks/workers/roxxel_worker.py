@@ -424,12 +424,9 @@ def w_train_host_threads(p: dict) -> list[ms.Metric]:
         )
         return loader_cls(ds, dg.IMAGE_BATCH, seed=0, config=config)
 
-    with loader(None, 1) as probe:  # calibrate: rounds so the transform costs one gather
-        for _ in range(50):
-            next(probe)
-        stats = probe.stats()
-    rounds = max(1, round(stats.gather_s / max(stats.transform_s, 1e-9)))
-    last = stats
+    read_s = _steady_read_seconds(loader(None, 0))
+    rounds = max(1, round(read_s / _pass_seconds((dg.IMAGE_BATCH, *ds.schema["image"].shape))))
+    last = None
     rates: dict[int | None, list[float]] = {2: [], 1: [], None: []}
     bare: dict[int, list[float]] = {2: [], 1: []}
     flat = ds.shard(0).columns["image"].flat  # the images' mapped column
@@ -441,10 +438,11 @@ def w_train_host_threads(p: dict) -> list[ms.Metric]:
                     last = timed.stats()
         for threads in bare:
             bare[threads].append(_bare_threads_rate(flat, dg.IMAGE_BATCH, rounds, threads, n))
+    assert last is not None
     note = (
-        f"transform = {rounds} in-place np.add passes, calibrated to one gather "
-        f"({1e3 * stats.gather_s:.2f} ms); 2 threads: gather {1e3 * last.gather_s:.2f} ms, "
-        f"transform {1e3 * last.transform_s:.2f} ms per batch"
+        f"transform = {rounds} in-place np.add passes, calibrated to one batch read "
+        f"({1e3 * read_s:.2f} ms, one thread, warm); 2 threads: gather "
+        f"{1e3 * last.gather_s:.2f} ms, transform {1e3 * last.transform_s:.2f} ms per batch"
     )
     return [
         ms.metric(
@@ -465,6 +463,32 @@ def w_train_host_threads(p: dict) -> list[ms.Metric]:
         )
         for t, r in bare.items()
     ]
+
+
+def _steady_read_seconds(loader, warmup: int = 50, n: int = 200) -> float:
+    """The loader's batch read (`LoaderStats.gather_s`) over `n` batches after `warmup`:
+    the steady cost, without the first batches' page faults and thread start."""
+    with loader:
+        it = iter(loader)
+        for _ in range(warmup):
+            next(it)
+        before = loader.stats()
+        for _ in range(n):
+            next(it)
+        after = loader.stats()
+    made = after.num_batches - before.num_batches
+    return (after.gather_s * after.num_batches - before.gather_s * before.num_batches) / made
+
+
+def _pass_seconds(shape: tuple[int, ...], repeats: int = 50) -> float:
+    """One in-place np.add pass over a uint8 array of `shape` (a batch's images), median."""
+    image = np.zeros(shape, np.uint8)
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        np.add(image, 1, out=image)
+        times.append(time.perf_counter() - began)
+    return float(np.median(times))
 
 
 def _bare_threads_rate(flat: np.ndarray, batch: int, rounds: int, threads: int, n: int) -> float:

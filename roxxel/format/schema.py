@@ -7,6 +7,7 @@ Dtypes come from a fixed allow-list; nothing else (no object dtypes, no pickle) 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -90,13 +91,28 @@ class Field:
     """One named field of a record: a dtype and a shape whose leading dim may be variable.
 
     ``shape`` holds ``None`` for the variable leading dimension. ``bytes`` and ``str``
-    fields are variable-length uint8 data (``str`` is UTF-8).
+    fields are variable-length uint8 data (``str`` is UTF-8). Derived once, at
+    construction (every batch read asks for them):
+
+    Attributes:
+        inner_shape: the shape of one element along the variable dimension (or the whole
+            fixed shape).
+        unit_bytes: bytes of one element along the variable dimension, or of a whole fixed
+            record.
     """
 
     name: str
     dtype: np.dtype
     shape: tuple[int | None, ...]
     kind: Kind = "array"
+    inner_shape: tuple[int, ...] = dataclasses.field(init=False, repr=False, compare=False)
+    unit_bytes: int = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        dims = self.shape[1:] if self.is_variable else self.shape
+        inner = tuple(int(d) for d in dims if d is not None)
+        object.__setattr__(self, "inner_shape", inner)
+        object.__setattr__(self, "unit_bytes", self.dtype.itemsize * math.prod(inner))
 
     @classmethod
     def parse(cls, name: str, spec: str) -> Field:
@@ -134,17 +150,6 @@ class Field:
         if self.is_variable:
             raise ConfigError(f"field {self.name!r}: variable-length ({self.spec}), no fixed shape")
         return self.inner_shape
-
-    @property
-    def inner_shape(self) -> tuple[int, ...]:
-        """The shape of one element along the variable dimension (or the whole fixed shape)."""
-        dims = self.shape[1:] if self.is_variable else self.shape
-        return tuple(int(d) for d in dims if d is not None)
-
-    @property
-    def unit_bytes(self) -> int:
-        """Bytes of one element along the variable dimension, or of a whole fixed record."""
-        return self.dtype.itemsize * math.prod(self.inner_shape)
 
     @property
     def spec(self) -> str:
@@ -403,9 +408,10 @@ class Schema:
         """The fields with these names, in the order given (all fields for None)."""
         if names is None:
             return self.fields
-        unknown = [n for n in names if n not in self.names]
+        by_name = {f.name: f for f in self.fields}
+        unknown = [n for n in names if n not in by_name]
         if unknown:
             raise ConfigError(
-                f"schema: unknown fields {unknown} (expected some of {list(self.names)})"
+                f"schema: unknown fields {unknown} (expected some of {list(by_name)})"
             )
-        return tuple(self[n] for n in names)
+        return tuple(by_name[n] for n in names)

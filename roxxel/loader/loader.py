@@ -503,10 +503,12 @@ class _Assembler:
         ).acquire()
         self._add_extras(pick, rows, host)
         self._lap("gather", began)
-        return functools.partial(self._read, step, pick, host, len(rows))
+        return functools.partial(self._read, step, pick, host, rows)
 
-    def _read(self, step: int, pick: Pick, host: Batch, num_rows: int) -> Batch:
+    def _read(self, step: int, pick: Pick, host: Batch, rows: np.ndarray) -> Batch:
+        self._picker.prepare(step, rows)  # later steps' order, outside begin's turn
         began = time.perf_counter()
+        num_rows = len(rows)
         faults = _major_faults()
         self._picker.fill(pick, host)
         cold = faults is None or _major_faults() != faults

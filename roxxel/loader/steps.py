@@ -10,6 +10,7 @@ any step costs the same to compute.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -58,6 +59,8 @@ class StepPicker(Protocol):
     def fill(self, pick: Pick, host: Mapping[str, np.ndarray]) -> None: ...
 
     def advise(self, pick: Pick) -> None: ...
+
+    def prepare(self, step: int, rows: np.ndarray) -> None: ...
 
     def row_spec_at(self, step: int, extras: Extras) -> RowSpec: ...
 
@@ -143,25 +146,62 @@ class _Blocks:
     ``(first, data)`` of a block that covers the step. Blocks start small and double while
     steps come in order (so the first batch after a start or a restore costs one step's
     work) up to ``max_steps``; the two latest blocks are kept, so the read-ahead of later
-    steps does not evict the current one. Pure function of the step: a cache, not state.
-    Thread-safety: one thread (the pipeline's).
+    steps does not evict the current one. `prepare` computes the block after the latest
+    one ahead of time, from another thread: the host threads of a loader call it from a
+    step's job, so the thread that begins steps (in order, one at a time) never holds the
+    others up for a block's computation. Pure function of the step: a cache, not state.
+
+    Thread-safety: any threads (a lock guards the blocks held; computing runs outside it,
+    so two threads may compute one block: the same data).
     """
 
     def __init__(self, compute: Any, max_steps: int) -> None:
         self._compute, self._max = compute, max_steps
         self._held: list[tuple[np.ndarray, int, int, Any]] = []  # (rows, first, stop, data)
         self._span = 1
+        self._lock = threading.Lock()
+        self._preparing = False
 
     def get(self, step: int, rows: np.ndarray) -> tuple[int, Any]:
-        for held_rows, first, stop, data in self._held:
-            if first <= step < stop and _same_rows(held_rows, rows):
-                return first, data
-        last = self._held[-1] if self._held else None
-        in_order = last is not None and last[1] <= step <= last[2]
-        self._span = min(self._max, 2 * self._span) if in_order else 1
-        covered, data = self._compute(step, self._span, rows)
-        self._held = [*self._held[-1:], (rows, step, step + covered, data)]
+        with self._lock:
+            for held_rows, first, stop, data in self._held:
+                if first <= step < stop and _same_rows(held_rows, rows):
+                    return first, data
+            last = self._held[-1] if self._held else None
+            in_order = last is not None and last[1] <= step <= last[2]
+            self._span = span = min(self._max, 2 * self._span) if in_order else 1
+        covered, data = self._compute(step, span, rows)
+        self._hold(rows, step, step + covered, data)
         return step, data
+
+    def prepare(self, step: int, rows: np.ndarray, end: int | None) -> None:
+        """Compute the block that follows the latest one, if `step` is in that latest block
+        (of these rows), the block starts before `end` (the first step without an order;
+        None: none) and nobody computes it yet; else nothing."""
+        with self._lock:
+            last = self._held[-1] if self._held else None
+            if (
+                self._preparing
+                or last is None
+                or not last[1] <= step < last[2]
+                or (end is not None and last[2] >= end)
+                or not _same_rows(last[0], rows)
+            ):
+                return
+            self._preparing = True
+            first = last[2]
+            self._span = span = min(self._max, 2 * self._span)
+        try:
+            covered, data = self._compute(first, span, rows)
+            self._hold(rows, first, first + covered, data)
+        finally:
+            with self._lock:
+                self._preparing = False
+
+    def _hold(self, rows: np.ndarray, first: int, stop: int, data: Any) -> None:
+        with self._lock:
+            if not any(f == first and _same_rows(r, rows) for r, f, _, _ in self._held):
+                self._held = [*self._held[-1:], (rows, first, stop, data)]
 
 
 def _same_rows(a: np.ndarray, b: np.ndarray) -> bool:
@@ -257,6 +297,11 @@ class SinglePicker:
 
     def advise(self, pick: Pick) -> None:
         self.source.advise(pick.records)
+
+    def prepare(self, step: int, rows: np.ndarray) -> None:
+        """Compute the order of the steps after `step`'s block now (any thread, while
+        another picks): a host thread's job calls it, so no pick waits for a block."""
+        self._blocks.prepare(step, rows, self._num_steps_max)
 
     def row_spec_at(self, step: int, extras: Extras) -> RowSpec:
         """The batch layout (the same at every step), cached."""
@@ -392,6 +437,10 @@ class MixturePicker:
                     _read_rows(source, records[at : at + count], out, rows, take)
                     at += count
         _zero_tail(host, names, num)
+
+    def prepare(self, step: int, rows: np.ndarray) -> None:
+        """As `SinglePicker.prepare`, up to the mixture's end."""
+        self._blocks.prepare(step, rows, self.mixture.end_step)
 
     def advise(self, pick: Pick) -> None:
         group = self._groups[pick.phase]

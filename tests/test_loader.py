@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import json
+import sys
 import threading
 import time
 import traceback
@@ -23,7 +24,7 @@ import roxxel
 from roxxel.errors import ConfigError, StateError
 from roxxel.loader.host import BufferPool, Prefetcher, RowSpec
 from roxxel.loader.loader import Loader, LoaderConfig, host_rng
-from roxxel.loader.steps import picker_for
+from roxxel.loader.steps import SinglePicker, picker_for
 from roxxel.sources.windows import TokenWindows
 
 if jax.device_count() < 8:
@@ -407,6 +408,15 @@ def test_a_mixture_source_yields_what_locate_says(dataset, second):
     assert (np.concatenate([b["source"] for b in batches]) == 1).sum() == 22  # b's cap: 2 epochs
 
 
+def test_issue14_a_finite_mixture_with_host_threads_ends_as_with_one(dataset, second):
+    """The host threads compute the next block of a mixture's order ahead (`prepare`): not
+    past the mixture's end, where the mixture has no positions."""
+    config = _config(final_batch="pad", provenance=True)
+    reference = _batches(Loader(_mixture(dataset, second), config=config))
+    threaded = _config(final_batch="pad", provenance=True, host_threads=2)
+    _assert_same(_batches(Loader(_mixture(dataset, second), config=threaded)), reference)
+
+
 @pytest.mark.parametrize("k", [0, 1, 5, 9, 12])  # phase boundaries at 5 and 9
 def test_mixture_resume_matches_an_uninterrupted_run(dataset, second, k):
     config = _config(final_batch="pad", provenance=True)
@@ -549,6 +559,33 @@ def test_issue14_a_slow_step_does_not_hold_up_the_other_threads():
     assert [prefetcher.get() for _ in range(6)] == [(s, s) for s in range(6)]
     prefetcher.close()
     assert not prefetcher.alive
+
+
+def test_issue14_host_threads_compute_the_next_block_of_picks_in_a_job(dataset, monkeypatch):
+    """Picks are computed a block of steps at a time. The thread that began the first step
+    past a block computed the next one inside `begin`, under the lock that keeps steps
+    beginning in order, so the other host threads waited on it. A step's job now computes
+    the block after its own (`StepPicker.prepare`), outside that lock; the batches stay
+    those of one thread."""
+    callers = []
+    records = SinglePicker._records
+
+    def recorded(self, first, num_steps, rows):
+        frame, names = sys._getframe(1), set()
+        while frame is not None:
+            names.add(frame.f_code.co_name)
+            frame = frame.f_back
+        callers.append((first, "begin" in names, "_read" in names))
+        return records(self, first, num_steps, rows)
+
+    monkeypatch.setattr(SinglePicker, "_records", recorded)
+    config = _config(num_epochs=None, host_transform=lambda batch, rng: batch, host_threads=2)
+    threaded = _batches(Loader(dataset, 4, seed=3, config=config), num_steps=300)
+    later = [c for c in callers if c[0] >= 8]  # past the first blocks (1, 2, 4 steps)
+    assert later and all(in_job and not in_begin for _, in_begin, in_job in later), callers
+    monkeypatch.setattr(SinglePicker, "_records", records)
+    plain = _batches(Loader(dataset, 4, seed=3, config=_config(num_epochs=None)), num_steps=300)
+    _assert_same(threaded, plain)
 
 
 @pytest.mark.parametrize("where", ["begin", "job"])

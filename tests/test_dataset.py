@@ -131,6 +131,8 @@ def test_get_batch_selects_fields_and_pads_to_the_longest(dataset_dir) -> None:
     assert set(batch) == {"tokens", "tokens.length"} and batch["tokens"].shape == (2, 4)
     with pytest.raises(ConfigError, match="unknown fields"):
         ds.get_batch([1], fields=["nope"])
+    with pytest.raises(ConfigError, match=r"unknown fields \[\['tokens'\]\]"):  # not a name
+        ds.get_batch([1], fields=[["tokens"]])  # type: ignore[list-item]
     with pytest.raises(IndexError):
         ds.get_batch([0, 40])
     with pytest.raises(TypeError):

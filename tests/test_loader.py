@@ -408,6 +408,40 @@ def test_a_mixture_source_yields_what_locate_says(dataset, second):
     assert (np.concatenate([b["source"] for b in batches]) == 1).sum() == 22  # b's cap: 2 epochs
 
 
+@pytest.mark.parametrize("batch_size", [4, 3])
+@pytest.mark.parametrize("host_threads", [None, 2])
+def test_issue14_a_mixture_at_the_position_bound_ends_after_its_last_step(
+    dataset, second, batch_size, host_threads
+):
+    """A job computes the next block of a mixture's order ahead: at the position bound that
+    block has no positions, and computing it failed the last steps (a red-team find). The
+    stream ends before the first step whose rows pass 2**62, also where the batch size does
+    not divide 2**62 (that step failed before, single source or mixture)."""
+    mixture = roxxel.Mixture({"a": dataset, "b": second}, {"a": 1, "b": 1}, batch_size=batch_size)
+    last = 2**62 // batch_size - 1  # (last + 1) * batch_size <= 2**62 < (last + 2) * ...
+    config = _config(provenance=True, host_threads=host_threads)
+    loader = Loader(mixture, start_step=last - 2, config=config)
+    batches = _batches(loader)
+    assert len(batches) == 3 and loader.step == last + 1
+    for k, batch in enumerate(batches):
+        position = mixture.position_at(last - 2 + k)
+        _, records = mixture.locate(position, position + batch_size)
+        np.testing.assert_array_equal(batch["record"], records)
+    with pytest.raises(ConfigError, match=r"\(step \+ 1\) \* batch_size <= 2\*\*62"):
+        Loader(mixture, start_step=last + 1, config=config)
+
+
+@pytest.mark.parametrize("batch_size", [8, 3])
+def test_issue14_a_single_source_at_the_position_bound_ends_after_its_last_step(
+    dataset, batch_size
+):
+    last = 2**62 // batch_size - 1
+    config = _config(num_epochs=None, host_threads=2)
+    loader = Loader(dataset, batch_size, start_step=last - 1, config=config)
+    assert [len(b["label"]) for b in _batches(loader)] == [batch_size, batch_size]
+    assert loader.step == last + 1
+
+
 def test_issue14_a_finite_mixture_with_host_threads_ends_as_with_one(dataset, second):
     """The host threads compute the next block of a mixture's order ahead (`prepare`): not
     past the mixture's end, where the mixture has no positions."""

@@ -409,7 +409,7 @@ class Schema:
         if names is None:
             return self.fields
         by_name = {f.name: f for f in self.fields}
-        unknown = [n for n in names if n not in by_name]
+        unknown = [n for n in names if not isinstance(n, str) or n not in by_name]
         if unknown:
             raise ConfigError(
                 f"schema: unknown fields {unknown} (expected some of {list(by_name)})"

@@ -36,7 +36,7 @@ from roxxel.loader.host import (
 )
 from roxxel.loader.peek import Decode, PeekRow, peek_step
 from roxxel.loader.pinned import Registrar, registrar_for
-from roxxel.loader.steps import Pick, SinglePicker, StepPicker, picker_for
+from roxxel.loader.steps import Pick, SinglePicker, StepPicker, past_bound, picker_for
 from roxxel.protocols import MixtureLike
 from roxxel.sampling.mixture import Mixture
 from roxxel.sampling.order import MAX_POSITION  # step * batch_size stays below (int64 exact)
@@ -154,7 +154,8 @@ class LoaderConfig:
 
 
 def host_rng(seed: int, step: int) -> np.random.Generator:
-    """The host transform's generator for `step`: Philox keyed by (seed, step), no state.
+    """The host transform's generator for `step`: Philox keyed by (seed, step), no state
+    (its ``bit_generator.seed_seq`` holds that key; it spawns no children).
 
     >>> int(host_rng(0, 5).integers(1 << 30)) == int(host_rng(0, 5).integers(1 << 30))
     True
@@ -489,7 +490,7 @@ class _Assembler:
     def begin(self, step: int) -> Callable[[], Batch] | None:
         """Pick `step`'s rows and take its buffer (the pipeline thread, in step order); the
         job that reads and transforms them (any thread). None at the end."""
-        if _past_bound(self._picker, step):  # the stream ends where positions would wrap
+        if past_bound(self._picker, step):  # the stream ends where positions would wrap
             return None
         batch_size = self._picker.batch_size_at(step)
         rows = self.check(step)
@@ -585,7 +586,7 @@ class _Assembler:
         while target <= step + ahead or (
             fetching and target <= far and num_queued() < _FETCH_QUEUED
         ):
-            later = None if _past_bound(self._picker, target) else self._pick_ahead(target)
+            later = None if past_bound(self._picker, target) else self._pick_ahead(target)
             if later is None:  # the stream ends: nothing further to advise
                 target = step + _FETCH_STEPS * ahead + 1
                 break
@@ -650,16 +651,16 @@ def _check_transformed(batch: object, step: int, num_rows: int, *, placed: bool)
             f"{where} {type(batch).__name__} at step {step} (expected the batch, a dict of "
             "arrays: does it end with `return batch`?)"
         )
-    rows = f"shape ({num_rows}, ...): a numpy array with one row per row of the batch"
     for name, value in batch.items():
         if not isinstance(value, np.ndarray):
             raise ConfigError(
                 f"{where} field {name!r} as {type(value).__name__} at step {step} (expected "
-                f"{rows}; for one value a batch, np.full({num_rows}, value))"
+                f"{_one_row_each(num_rows)}; for one value a batch, np.full({num_rows}, value))"
             )
         if value.shape[:1] != (num_rows,):
             raise ConfigError(
-                f"{where} field {name!r} of shape {value.shape} at step {step} (expected {rows})"
+                f"{where} field {name!r} of shape {value.shape} at step {step} (expected "
+                f"{_one_row_each(num_rows)})"
             )
         if placed and not device.is_placeable(value.dtype):
             raise ConfigError(
@@ -668,19 +669,19 @@ def _check_transformed(batch: object, step: int, num_rows: int, *, placed: bool)
             )
 
 
+def _one_row_each(num_rows: int) -> str:
+    return f"shape ({num_rows}, ...): a numpy array with one row per row of the batch"
+
+
 def _check_step(picker: StepPicker, step: int, where: str, error: type[RoxxelError]) -> None:
-    """Refuse a step whose positions (step * batch size) reach 2**62."""
+    """Refuse a step whose rows pass position 2**62 (`past_bound`)."""
     batch_size = max(picker.batch_size_at(s) for s in picker.shape_steps(step))
-    limit = (MAX_POSITION - 1) // batch_size
+    limit = MAX_POSITION // batch_size - 1
     if step > limit:
         raise error(
-            f"{where}: past the position bound ({step}, expected step * batch_size < 2**62: "
-            f"a step <= {limit} at batch size {batch_size})"
+            f"{where}: past the position bound ({step}, expected (step + 1) * batch_size <="
+            f" 2**62: a step <= {limit} at batch size {batch_size})"
         )
-
-
-def _past_bound(picker: StepPicker, step: int) -> bool:
-    return step * picker.batch_size_at(step) >= MAX_POSITION
 
 
 _ROW_BOOKKEEPING_BYTES = 16  # a row's record (int64) and row index (int64) in the order

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -23,7 +23,7 @@ from roxxel.sampling import order
 from roxxel.sources.records import as_source, shard_starts_of, takes_rows
 from roxxel.sources.windows import blend_of
 
-__all__ = ["Pick", "StepPicker", "picker_for"]
+__all__ = ["Pick", "StepPicker", "past_bound", "picker_for"]
 
 Extras = Mapping[str, tuple[tuple[int, ...], np.dtype]]
 
@@ -116,6 +116,13 @@ def picker_for(
     )
 
 
+def past_bound(picker: StepPicker, step: int) -> bool:
+    """Whether `step`'s rows pass position 2**62 (`order.MAX_POSITION`, the end of the
+    positions): a loader's stream ends before such a step (counted as ``step *
+    batch_size``)."""
+    return (step + 1) * picker.batch_size_at(step) > order.MAX_POSITION
+
+
 def _end_or_valid(num_valid: int, batch_size: int, drop: bool) -> bool:
     """True when a step with `num_valid` real rows is past the end of the stream."""
     return num_valid == 0 or (drop and num_valid < batch_size)
@@ -174,18 +181,18 @@ class _Blocks:
         self._hold(rows, step, step + covered, data)
         return step, data
 
-    def prepare(self, step: int, rows: np.ndarray, end: int | None) -> None:
+    def prepare(self, step: int, rows: np.ndarray, ended: Callable[[int], bool]) -> None:
         """Compute the block that follows the latest one, if `step` is in that latest block
-        (of these rows), the block starts before `end` (the first step without an order;
-        None: none) and nobody computes it yet; else nothing."""
+        (of these rows), the stream has not ended at its first step (`ended`: the loader
+        reads no step from there on) and nobody computes it yet; else nothing."""
         with self._lock:
             last = self._held[-1] if self._held else None
             if (
                 self._preparing
                 or last is None
                 or not last[1] <= step < last[2]
-                or (end is not None and last[2] >= end)
                 or not _same_rows(last[0], rows)
+                or ended(last[2])
             ):
                 return
             self._preparing = True
@@ -272,7 +279,9 @@ class SinglePicker:
         )
         if _end_or_valid(num_valid, self.batch_size, self.drop):
             return None
-        num_read = int(np.searchsorted(rows, num_valid))
+        # rows: this process's sorted rows of the batch; all of them hold data in a full one
+        full = num_valid == self.batch_size
+        num_read = len(rows) if full else int(np.searchsorted(rows, num_valid))
         first, block = self._blocks.get(step, rows)
         records = block[step - first, :num_read]
         return Pick(num_valid, num_read, _zeros_int32(num_read), records)
@@ -301,7 +310,7 @@ class SinglePicker:
     def prepare(self, step: int, rows: np.ndarray) -> None:
         """Compute the order of the steps after `step`'s block now (any thread, while
         another picks): a host thread's job calls it, so no pick waits for a block."""
-        self._blocks.prepare(step, rows, self._num_steps_max)
+        self._blocks.prepare(step, rows, lambda first: past_bound(self, first))
 
     def row_spec_at(self, step: int, extras: Extras) -> RowSpec:
         """The batch layout (the same at every step), cached."""
@@ -440,7 +449,10 @@ class MixturePicker:
 
     def prepare(self, step: int, rows: np.ndarray) -> None:
         """As `SinglePicker.prepare`, up to the mixture's end."""
-        self._blocks.prepare(step, rows, self.mixture.end_step)
+        end = self.mixture.end_step
+        self._blocks.prepare(
+            step, rows, lambda first: (end is not None and first >= end) or past_bound(self, first)
+        )
 
     def advise(self, pick: Pick) -> None:
         group = self._groups[pick.phase]

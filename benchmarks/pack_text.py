@@ -266,8 +266,7 @@ def make_inputs(text_mb: float, num_images: int) -> tuple[Path, Path, list[Path]
 def run(text_mb: float, num_images: int, repeats: int) -> list[tuple[str, str, str]]:
     """(row, rate, ratios) of this run."""
     src, tok_path, paths = make_inputs(text_mb, num_images)
-    unit = ["--unit-bytes", str(max(src.stat().st_size // 8, 1))]
-    argv = [str(src), "--tokenizer", str(tok_path), "--workers", "2", *unit]
+    argv = [str(src), "--tokenizer", str(tok_path), "--workers", "2"]  # default units
     cores = len(os.sched_getaffinity(0))
     bare, fast, split, pack, hf = (
         f"bare encode_batch loop, 1 process, the tokenizer's pool of {cores} threads "
@@ -305,7 +304,6 @@ def run(text_mb: float, num_images: int, repeats: int) -> list[tuple[str, str, s
     if not num_images:
         return rows
     photos = WORK / "photos"
-    img_unit = ["--unit-bytes", str(max(sum(p.stat().st_size for p in paths) // 16, 1))]
     one, two, pil = (
         "roxxel pack --image-size 64x64 --workers 1",
         "roxxel pack --image-size 64x64 --workers 2",
@@ -315,7 +313,7 @@ def run(text_mb: float, num_images: int, repeats: int) -> list[tuple[str, str, s
     for _ in range(repeats):
         times[pil].append(bare_images(paths))
         for workers, name in ((1, one), (2, two)):
-            argv = [str(photos), "--image-size", "64x64", "--workers", str(workers), *img_unit]
+            argv = [str(photos), "--image-size", "64x64", "--workers", str(workers)]
             times[name].append(_roxxel_pack(argv, WORK / "img-ds"))
     ratios = [(two, one, "target 1.5x"), (two, pil, "target 0.8x")]
     return rows + _rows("images", num_images, "images/s", times, ratios)

@@ -13,6 +13,7 @@ from roxxel.errors import ConfigError
 from roxxel.format.schema import Schema
 from roxxel.ingest import pack as ingest_pack
 from roxxel.ingest.infer import max_record_bytes, project_record
+from roxxel.ingest.inputs import Input, default_unit_bytes
 from tests.test_ingest_pool import WORKER_ONLY
 
 FIELDS = ["--field", "id:int64", "--field", "tokens:uint16[]", "--field", "text:str"]
@@ -96,6 +97,25 @@ def test_workers_share_units_with_this_process_and_give_the_same_bytes(tmp_path)
     assert (tmp_path / "one" / manifest).read_bytes() == (
         tmp_path / "three" / manifest
     ).read_bytes()
+
+
+def test_issue14_a_default_cut_gives_every_worker_units_of_a_mid_sized_input(tmp_path):
+    """The default unit was --shard-bytes of input (256M): 130 MB of JPEGs, or this 24 MiB
+    array, made one unit, so --workers 2 left a worker idle. It is now the input bytes over
+    32, at least 8 MiB: several units here, the same whatever --workers (a shard each)."""
+    src = tmp_path / "rows.npy"
+    np.save(src, np.arange(3 << 20, dtype=np.int64).reshape(-1, 64))  # 24 MiB
+    outs = [tmp_path / "one", tmp_path / "two"]
+    for out, workers in zip(outs, ("1", "2"), strict=True):
+        assert main(["pack", str(src), "-o", str(out), "--quiet", "--workers", workers]) == 0
+    assert _files(outs[0]) == _files(outs[1]) and len(_files(outs[0])) >= 3
+    assert len(roxxel.open_dataset(outs[0])) == 3 << 14
+    assert default_unit_bytes([Input(str(src), "npy")], 4 << 20) == 4 << 20  # <= shard bytes
+    big = tmp_path / "big.jsonl"
+    with open(big, "wb") as f:
+        f.truncate(10 << 30)  # sparse: 10 GiB of input, units of at most --shard-bytes
+    assert default_unit_bytes([Input(str(big), "jsonl")], 256 << 20) == 256 << 20
+    assert default_unit_bytes([Input(str(big), "jsonl")], 1 << 30) == 10 << 25
 
 
 def test_a_dead_worker_process_stops_the_pack_with_a_message(tmp_path, capsys):

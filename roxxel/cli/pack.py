@@ -47,6 +47,7 @@ from roxxel.ingest.inputs import (
     ReadOptions,
     WorkUnit,
     cut_units,
+    default_unit_bytes,
     expand_inputs,
     fixed_arrays,
     infer_schema,
@@ -258,7 +259,7 @@ def add_pack_parser(sub: argparse._SubParsersAction) -> None:
         "--unit-bytes",
         type=parse_size,
         metavar="SIZE",
-        help="input bytes per work unit (= --shard-bytes)",
+        help="input bytes per work unit (the inputs' / 32, from 8M up to --shard-bytes)",
     )
     p.add_argument(
         "--shuffle-input", type=int, metavar="SEED", help="shuffle units and records within them"
@@ -706,9 +707,8 @@ def _config(args: argparse.Namespace, out_dir: str) -> tuple[PackConfig, list[Wo
         _say_skipped(skipped)
     if args.input_field is not None and not (args.image_size or args.keep_encoded):
         _check_input_field(args.input_field, inputs)
-    units = shuffle_units(
-        cut_units(inputs, args.unit_bytes or args.shard_bytes), args.shuffle_input
-    )
+    unit_bytes = args.unit_bytes or default_unit_bytes(inputs, args.shard_bytes)
+    units = shuffle_units(cut_units(inputs, unit_bytes), args.shuffle_input)
     config = PackConfig(
         out_dir=out_dir,
         schema={},

@@ -49,6 +49,7 @@ __all__ = [
     "Record",
     "WorkUnit",
     "cut_units",
+    "default_unit_bytes",
     "detect_kind",
     "expand_inputs",
     "fixed_arrays",
@@ -175,6 +176,23 @@ def expand_inputs(
     if not seen:
         raise ConfigError(f"inputs {args}: no input files found (expected known extensions)")
     return list(seen.values())
+
+
+UNITS_WANTED = 32  # a default cut: about this many units, so every --workers has work
+MIN_UNIT_BYTES = 8 << 20  # and none below this (a unit costs a shard, a marker, fsyncs)
+
+
+def default_unit_bytes(inputs: list[Input], shard_bytes: int) -> int:
+    """``--unit-bytes`` when not given: the inputs' bytes over `UNITS_WANTED`, at least
+    `MIN_UNIT_BYTES`, at most ``shard_bytes``. A function of the inputs alone, so the
+    dataset never depends on ``--workers``; 130 MB of JPEGs cut into 16 units where one
+    unit of ``--shard-bytes`` left a second worker idle.
+
+    >>> default_unit_bytes([], 256 << 20) == MIN_UNIT_BYTES
+    True
+    """
+    total = sum(os.path.getsize(i.path) for i in inputs)
+    return max(min(shard_bytes, -(-total // UNITS_WANTED)), min(MIN_UNIT_BYTES, shard_bytes))
 
 
 def cut_units(inputs: list[Input], unit_bytes: int) -> list[WorkUnit]:

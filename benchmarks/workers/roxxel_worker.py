@@ -415,7 +415,8 @@ def w_train_host_threads(p: dict) -> list[ms.Metric]:
     the batch's rows from the mapped shard, then the passes) in 1 and 2 bare threads."""
     spec = _spec(p)
     ds = _rx().open_dataset(ensure_data(spec)[1])
-    n, reps = int(p.get("batches", IMAGE_BATCHES)) // 2, max(3, int(p.get("repeats", 5)))
+    # 600 batches a repeat (~0.2-0.3 s): the calibrated passes and the ratio steadier
+    n, reps = int(p.get("batches", IMAGE_BATCHES)) * 2, max(3, int(p.get("repeats", 5)))
     loader_cls, config_cls = _api("Loader"), _api("LoaderConfig")
 
     def loader(threads: int | None, rounds: int):
@@ -465,7 +466,7 @@ def w_train_host_threads(p: dict) -> list[ms.Metric]:
     ]
 
 
-def _steady_read_seconds(loader, warmup: int = 50, n: int = 200) -> float:
+def _steady_read_seconds(loader, warmup: int = 100, n: int = 600) -> float:
     """The loader's batch read (`LoaderStats.gather_s`) over `n` batches after `warmup`:
     the steady cost, without the first batches' page faults and thread start."""
     with loader:
@@ -480,7 +481,7 @@ def _steady_read_seconds(loader, warmup: int = 50, n: int = 200) -> float:
     return (after.gather_s * after.num_batches - before.gather_s * before.num_batches) / made
 
 
-def _pass_seconds(shape: tuple[int, ...], repeats: int = 50) -> float:
+def _pass_seconds(shape: tuple[int, ...], repeats: int = 200) -> float:
     """One in-place np.add pass over a uint8 array of `shape` (a batch's images), median."""
     image = np.zeros(shape, np.uint8)
     times = []

@@ -243,8 +243,8 @@ sys.exit(main(sys.argv[1:]))
 def test_ctrl_c_during_a_verify_in_processes_is_one_line(tmp_path):
     """Ctrl-C broke `verify --workers 2`'s process pool: "Exception in thread Thread-1 ...
     InvalidStateError: CANCELLED" around "roxxel verify: interrupted"."""
-    for name in ("a", "b", "c"):
-        _corpus(tmp_path / f"{name}.jsonl", n=30_000)
+    for name in ("a", "b", "c"):  # a verify of ~0.4 s once the pool starts: the last delay
+        _corpus(tmp_path / f"{name}.jsonl", n=60_000)  # lands in it (30,000 ended first once)
     pack = ["pack", "a.jsonl", "b.jsonl", "c.jsonl", "-o", "ds", "--unit-bytes", "256K", "-q"]
     assert subprocess.run([sys.executable, "-m", "roxxel.cli", *pack], cwd=tmp_path).returncode == 0
     for delay in (0.0, 0.02, 0.05, 0.2):  # while the workers start, as they begin to verify

@@ -482,7 +482,9 @@ def test_merge_refuses_parts_of_different_packs(tmp_path, capsys):
         == 0
     )
     assert _run("merge", tmp_path / "a", tmp_path / "b", "-o", tmp_path / "m") == 1
-    assert "different packs" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'a'}, {tmp_path / 'b'}: parts of different packs" in err
+    assert "PosixPath" not in err  # the folders as paths, not as Python reprs
 
 
 def test_verify_names_shard_record_and_field_of_corruption(tmp_path, capsys):

@@ -8,6 +8,8 @@ import base64
 import json
 import os
 import struct
+import subprocess
+import sys
 import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -20,7 +22,7 @@ import pytest
 import roxxel
 from roxxel.cli import main
 from roxxel.errors import ConfigError
-from roxxel.ingest import registry
+from roxxel.ingest import registry, text
 from roxxel.ingest.infer import infer_schema
 from roxxel.ingest.inputs import (
     BadRecords,
@@ -799,3 +801,22 @@ def test_issue14_lists_nested_past_numpys_limit_under_a_given_field_say_how_deep
     err = _one_line_error(capsys)
     assert f"{src}:2: field 'a' holds lists nested 70 deep (expected int64[]" in err, err
     assert "ragged" not in err, err
+
+
+def test_issue14_a_line_past_the_cap_is_refused_not_read_whole(tmp_path):
+    """A sparse (all-NUL) 4 GiB .jsonl is one 4 GiB line: it was read whole, a giant
+    allocation (a MemoryError traceback under a 2 GiB address-space limit, a red-team
+    find). A line is read up to `text.MAX_LINE_BYTES` and refused past it, in one line."""
+    src = tmp_path / "zeros.jsonl"
+    with open(src, "wb") as f:
+        f.truncate(4 << 30)
+    script = (
+        "import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30));"
+        " from roxxel.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    argv = ["pack", str(src), "-o", str(tmp_path / "out"), "--field", "a:int64", "-q"]
+    run = subprocess.run(
+        [sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 1 and len(run.stderr.splitlines()) == 1, run.stderr[-2000:]
+    assert f"zeros.jsonl: offset 0: a line longer than {text.MAX_LINE_BYTES} bytes" in run.stderr

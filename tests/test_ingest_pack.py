@@ -110,6 +110,10 @@ def test_issue14_a_default_cut_gives_every_worker_units_of_a_mid_sized_input(tmp
         assert main(["pack", str(src), "-o", str(out), "--quiet", "--workers", workers]) == 0
     assert _files(outs[0]) == _files(outs[1]) and len(_files(outs[0])) >= 3
     assert len(roxxel.open_dataset(outs[0])) == 3 << 14
+    # --shuffle-input mixes records within a unit: its default unit stays --shard-bytes
+    shuffled = tmp_path / "shuffled"
+    assert main(["pack", str(src), "-o", str(shuffled), "-q", "--shuffle-input", "5"]) == 0
+    assert len(_files(shuffled)) == 1
     assert default_unit_bytes([Input(str(src), "npy")], 4 << 20) == 4 << 20  # <= shard bytes
     big = tmp_path / "big.jsonl"
     with open(big, "wb") as f:

@@ -707,7 +707,11 @@ def _config(args: argparse.Namespace, out_dir: str) -> tuple[PackConfig, list[Wo
         _say_skipped(skipped)
     if args.input_field is not None and not (args.image_size or args.keep_encoded):
         _check_input_field(args.input_field, inputs)
-    unit_bytes = args.unit_bytes or default_unit_bytes(inputs, args.shard_bytes)
+    unit_bytes = args.unit_bytes or (  # --shuffle-input mixes records within a unit
+        args.shard_bytes
+        if args.shuffle_input is not None
+        else default_unit_bytes(inputs, args.shard_bytes)
+    )
     units = shuffle_units(cut_units(inputs, unit_bytes), args.shuffle_input)
     config = PackConfig(
         out_dir=out_dir,

@@ -590,8 +590,9 @@ def merge(part_dirs: list[Path], out_dir: Path, overwrite: bool) -> Path:
     plans = [read_plan(d) for d in part_dirs]
     plan = plans[0]
     if any(p.fingerprint != plan.fingerprint for p in plans):
+        names = ", ".join(str(d) for d in part_dirs)
         raise ConfigError(
-            f"{part_dirs}: parts of different packs (fingerprints differ, expected one pack's tasks)"
+            f"{names}: parts of different packs (fingerprints differ, expected one pack's tasks)"
         )
     with lock_output(out_dir) as lock:
         here = [out_dir] if _peek_plan(out_dir) == plan else []

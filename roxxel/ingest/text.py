@@ -8,6 +8,7 @@ byte, so any cut points give every line to exactly one piece. Readers yield
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Iterator
@@ -54,6 +55,7 @@ __all__ = [
 
 _COUNT_CHUNK = 1 << 24
 _READ_BUFFER = 1 << 20
+MAX_LINE_BYTES = 1 << 28  # a line (a record) longer than this is refused, never read whole
 
 
 def line_pieces(path: str, kind: str, unit_bytes: int) -> list[Piece]:
@@ -93,9 +95,16 @@ def _lines(piece: Piece) -> Iterator[tuple[int, bytes]]:
         if pos > 0:  # the line holding byte start - 1 belongs to the piece before
             f.seek(pos - 1)
             pos += len(f.readline()) - 1
-        for line in f:
+        # readline with a cap (through C: a Python loop of calls costs twice `for line in f`)
+        for line in iter(functools.partial(f.readline, MAX_LINE_BYTES + 1), b""):
             if pos >= piece.stop:
                 return
+            if len(line) > MAX_LINE_BYTES:
+                raise ConfigError(
+                    f"{piece.path}: offset {pos}: a line longer than {MAX_LINE_BYTES} bytes"
+                    " (expected one record per line; is it a text file?)",
+                    path=piece.path,
+                )
             end = pos + len(line)
             if end < piece.stop and line[-1] != 10:  # no newline before stop: cut short
                 break

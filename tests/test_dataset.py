@@ -133,6 +133,8 @@ def test_get_batch_selects_fields_and_pads_to_the_longest(dataset_dir) -> None:
         ds.get_batch([1], fields=["nope"])
     with pytest.raises(ConfigError, match=r"unknown fields \[\['tokens'\]\]"):  # not a name
         ds.get_batch([1], fields=[["tokens"]])  # type: ignore[list-item]
+    # an iterator of names is read once: it gave a batch of no fields
+    assert set(ds.get_batch([1], fields=iter(["tokens"]))) == {"tokens", "tokens.length"}  # type: ignore[arg-type]
     with pytest.raises(IndexError):
         ds.get_batch([0, 40])
     with pytest.raises(TypeError):

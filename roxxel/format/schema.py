@@ -408,6 +408,7 @@ class Schema:
         """The fields with these names, in the order given (all fields for None)."""
         if names is None:
             return self.fields
+        names = list(names)  # an iterator is read once, here
         by_name = {f.name: f for f in self.fields}
         unknown = [n for n in names if not isinstance(n, str) or n not in by_name]
         if unknown:

@@ -470,6 +470,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-streaming", dest="streaming", action="store_false")
     parser.add_argument(
+        "--mb-per-connection",
+        type=float,
+        help="put `benchmarks.throttle` in front of the server: each connection gets at most"
+        " this many MB/s, as from an object store across a network (every client measured"
+        " goes through it)",
+    )
+    parser.add_argument(
         "--warm-pages",
         action="store_true",
         help="before each measurement, write and delete 4x the dataset's bytes: on a VM that"
@@ -489,6 +496,14 @@ def main() -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    throttle = None
+    if args.mb_per_connection:
+        moto_port, port = port, _free_port()
+        pace = [str(port), str(moto_port), str(args.mb_per_connection)]
+        throttle = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.throttle", *pace], stdout=subprocess.PIPE
+        )
+        assert throttle.stdout is not None and throttle.stdout.readline().strip() == b"ready"
     try:
         options = {"endpoint_url": f"http://127.0.0.1:{port}"}
         fs = fsspec.filesystem("s3", **options)
@@ -510,8 +525,10 @@ def main() -> None:
                 for k in range(args.repeats)
             ]
     finally:
-        server.terminate()
-        server.wait()
+        for process in (server, throttle):
+            if process is not None:
+                process.terminate()
+                process.wait()
     report = _report(args, bench, rounds, streaming_error, load_before)
     print(
         "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in report.items()) + "\n}"
@@ -554,6 +571,7 @@ def _report(args: Any, bench: Bench, rounds: list[dict], streaming_error: str | 
         "num_shards": len(bench.manifest.shards),
         "repeats": args.repeats,
         "free pages touched before each measurement": args.warm_pages,
+        "MB/s per connection (benchmarks.throttle)": args.mb_per_connection or "not paced",
         "bulk_MB_per_s (8 GETs, s3fs)": round(total / _median(rounds, "bulk_s") / 1e6, 1),
         "bulk_MB_per_s (8 GETs, boto3)": round(total / _median(rounds, "boto_s") / 1e6, 1),
         "bulk_MB_per_s (8 GETs, urllib3 on signed URLs)": round(

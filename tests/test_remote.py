@@ -840,6 +840,49 @@ def test_issue15_speed_an_in_order_read_keeps_every_download_busy(tmp_path, monk
     cache.close()
 
 
+def test_issue15_speed_the_first_step_fills_every_download_slot(tmp_path, monkeypatch):
+    """In order, the first step reads one shard: its fetches ahead began only once the first
+    batch was out (the cache's threads were not started when the first step asked whether
+    shards were missing), so one of 8 downloads ran for the first shard's whole download;
+    now the first step asks far enough ahead for every slot (`max_fetches` queued)."""
+    from roxxel.loader.loader import Loader, LoaderConfig
+
+    with roxxel.DatasetWriter(tmp_path / "ds", {"label": "int64"}, shard_bytes=400) as writer:
+        for i in range(32 * 40):
+            writer.write({"label": i})
+    config = CacheConfig(f"file://{tmp_path / 'ds'}", tmp_path / "cache", max_fetches=8)
+    cache = ShardCache(config)
+    dataset = Dataset(config.url, cache=cache)
+    first = dataset.manifest.shards[0].path
+    assert dataset.num_shards >= 20 and len(dataset) // dataset.num_shards >= 32
+    release, started, asked = threading.Event(), threading.Event(), set()
+    read = cache.store.read
+
+    def stalled(name, start=0, stop=None):
+        asked.add(name)
+        if name == first:  # the first batch's shard takes a while
+            started.set()
+            assert release.wait(30)
+        return read(name, start, stop)
+
+    monkeypatch.setattr(cache.store, "read", stalled)
+    loader = Loader(dataset, 2, shuffle=False, config=LoaderConfig(fields=("label",)))
+    batches: list = []
+    thread = threading.Thread(target=lambda: batches.append(next(loader)))
+    thread.start()
+    assert started.wait(30)
+    deadline = time.monotonic() + 5
+    while len(cache._inflight) < 8 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    queued = len(cache._inflight)  # the first shard and the fetches ahead, before any batch
+    release.set()
+    thread.join(30)
+    assert [int(x) for x in batches[0]["label"]] == [0, 1]
+    loader.close()
+    cache.close()
+    assert queued >= 8, queued
+
+
 # --- kill -9 during a fetch ------------------------------------------------------------------
 
 _KILLED_FETCHER = """

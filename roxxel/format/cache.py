@@ -145,8 +145,9 @@ def num_missing() -> int:
 
 
 def num_queued() -> int:
-    """Fetches queued by `ShardCache.prefetch` in this process that no download has started
-    yet (a reader reads ahead until a few wait, so the downloads never run dry). O(queued)."""
+    """Fetches queued by `ShardCache.prefetch` in this process that wait for a download slot
+    (past each cache's ``max_fetches``): a reader reads ahead until a few wait, so every slot
+    is busy and the downloads never run dry. O(caches)."""
     return sum(cache._num_waiting() for cache in _caches())
 
 
@@ -454,8 +455,8 @@ class ShardCache:
             return self._num_shards - len(self._published) if self._threads else 0
 
     def _num_waiting(self) -> int:
-        with self._lock:
-            return sum(not f.running() and not f.done() for f in self._inflight.values())
+        with self._lock:  # queued or running: those past `max_fetches` wait for a slot
+            return max(0, len(self._inflight) - self.config.max_fetches) if self._threads else 0
 
     def is_current(self, entry: ShardEntry) -> bool:
         """Whether the cached file of ``entry`` exists with the entry's size and trailer, and,

@@ -29,13 +29,14 @@ from benchmarks import (
     systems,
     table,
     targets,
+    throttle,
     venvs,
 )
 
 SMALL = datagen.DataSpec("unit", lm_tokens=50_000, num_images=40, seed=3)
 
 
-@pytest.mark.parametrize("module", [datagen, megatron, table, blend, targets, pack])
+@pytest.mark.parametrize("module", [datagen, megatron, table, blend, targets, pack, throttle])
 def test_doctests_of_benchmark_modules_pass(module):
     assert doctest.testmod(module).failed == 0
 

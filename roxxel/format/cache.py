@@ -80,6 +80,7 @@ from roxxel.format.remote import FetchPolicy, RemoteStore, fsspec_url, join_url
 from roxxel.format.spec import META_MAX_BYTES, TRAILER_BYTES, pack_header, parse_trailer
 
 __all__ = [
+    "MAX_FETCHES",
     "CacheConfig",
     "FetchStopped",
     "ShardCache",
@@ -91,6 +92,7 @@ __all__ = [
 ]
 
 _PART = ".part"
+MAX_FETCHES = 8  # downloads at once per process by default, as `roxxel pull --workers`
 # a shard's index is read from the object's end: this much first (the tables, metadata and
 # trailer of shards of up to about 8,000 records), then the rest of its tables if any
 _INDEX_TAIL_BYTES = 128 << 10
@@ -209,7 +211,7 @@ class CacheConfig:
 
     ``cache_limit_bytes``: evict least recently used shards no mapping holds once the cached
     shards of this dataset would exceed it (None: keep everything). ``max_fetches``: parallel
-    downloads per process. ``storage_options`` go to fsspec (endpoint, credentials); they are
+    downloads per process (an object store serves each connection at a rate of its own). ``storage_options`` go to fsspec (endpoint, credentials); they are
     never shown in a repr or message.
     """
 
@@ -217,7 +219,7 @@ class CacheConfig:
     cache_dir: Path
     storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
     cache_limit_bytes: int | None = None
-    max_fetches: int = 4
+    max_fetches: int = MAX_FETCHES
     policy: FetchPolicy = field(default_factory=FetchPolicy)
 
     def __repr__(self) -> str:  # a URL's password and the storage options: never shown

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from roxxel.errors import ConfigError, FormatError, without_credentials
-from roxxel.format.cache import CacheConfig, ShardCache, cache_root
+from roxxel.format.cache import MAX_FETCHES, CacheConfig, ShardCache, cache_root
 from roxxel.format.gather import (
     Batch,
     Group,
@@ -412,6 +412,7 @@ def open_dataset(
     cache_dir: str | os.PathLike[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
     cache_limit_bytes: int | None = None,
+    max_fetches: int | None = None,
 ) -> Dataset:
     """Open a dataset directory written by `DatasetWriter` (or ``roxxel pack``), or at a URL.
 
@@ -422,14 +423,16 @@ def open_dataset(
     the processes of a host (``~`` expanded; an empty or blank one, or a ``~user`` with no
     home folder here, is a ConfigError);
     ``storage_options`` go to fsspec; ``cache_limit_bytes`` evicts least recently used shards
-    no mapping holds. Cache options for a local path are a ConfigError.
+    no mapping holds; ``max_fetches`` downloads run at once (default 8). Cache options for a
+    local path are a ConfigError.
     """
     if not is_url(path):
-        given = (cache_dir, storage_options, cache_limit_bytes)
+        given = (cache_dir, storage_options, cache_limit_bytes, max_fetches)
         if any(option is not None for option in given):
             raise ConfigError(
                 f"open_dataset: cache options for the local path {str(path)!r} (expected a"
-                " URL such as s3://bucket/ds with cache_dir, storage_options, cache_limit_bytes)"
+                " URL such as s3://bucket/ds with cache_dir, storage_options, cache_limit_bytes,"
+                " max_fetches)"
             )
         return Dataset(path, verify=verify, max_decoded_bytes=max_decoded_bytes)
     config = CacheConfig(
@@ -437,6 +440,7 @@ def open_dataset(
         cache_root(cache_dir, "open_dataset: cache_dir"),  # '' or '  ' refused, ~ expanded
         {} if storage_options is None else storage_options,
         cache_limit_bytes,
+        MAX_FETCHES if max_fetches is None else max_fetches,
     )
     return Dataset(
         path, verify=verify, max_decoded_bytes=max_decoded_bytes, cache=ShardCache(config)

@@ -1,9 +1,12 @@
 """Datasets at a URL (issue 15): ratios against an S3 API server (moto's) on 127.0.0.1.
 
-``python -m benchmarks.remote [--mib 64] [--shards 32] [--repeats 5]`` starts the server (its
-own process), uploads a generated token dataset (records of 2048 int32) and prints medians over
-``--repeats`` rounds, each round measuring every variant in turn (the order rotates by round,
-so a change of load hits all of them alike):
+``python -m benchmarks.remote [--mib 256] [--shards 128] [--repeats 3] [--mb-per-connection
+16]`` starts the server (its own process) behind `benchmarks.throttle`, which gives each
+connection at most ``--mb-per-connection`` MB/s, as an object store across a network does
+(``0``: the server unpaced, sharing this machine's cores with the client: a measure of CPU per
+byte rather than of downloading), uploads a generated token dataset (records of 2048 int32)
+and prints medians over ``--repeats`` rounds, each round measuring every variant in turn (the
+order rotates by round, so a change of load hits all of them alike):
 
 - time to the first shuffled batch from a cold cache / time to fetch only the shards that batch
   reads, as raw GETs, 8 in parallel, with the faster of two clients (s3fs's ``cat_file``, and
@@ -464,17 +467,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description="Datasets at a URL: ratios against a local S3 server"
     )
-    parser.add_argument("--mib", type=int, default=64)
-    parser.add_argument("--shards", type=int, default=32)
+    parser.add_argument("--mib", type=int, default=256)
+    parser.add_argument("--shards", type=int, default=128)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-streaming", dest="streaming", action="store_false")
     parser.add_argument(
         "--mb-per-connection",
         type=float,
-        help="put `benchmarks.throttle` in front of the server: each connection gets at most"
-        " this many MB/s, as from an object store across a network (every client measured"
-        " goes through it)",
+        default=16.0,
+        help="`benchmarks.throttle` in front of the server gives each connection at most this"
+        " many MB/s, as from an object store across a network (every client measured goes"
+        " through it); 0: the server unpaced",
     )
     parser.add_argument(
         "--warm-pages",

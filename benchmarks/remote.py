@@ -482,10 +482,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--warm-pages",
-        action="store_true",
-        help="before each measurement, write and delete 4x the dataset's bytes: on a VM that"
-        " hands free memory back to its host, new page-cache pages then cost what they cost"
-        " on a machine of its own",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="before each measurement, write and delete 4x the dataset's bytes (the default):"
+        " on a VM that hands free memory back to its host, new page-cache pages then cost what"
+        " they cost on a machine of its own",
     )
     args = parser.parse_args()
     os.environ.update(CREDENTIALS)

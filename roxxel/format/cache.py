@@ -211,8 +211,9 @@ class CacheConfig:
 
     ``cache_limit_bytes``: evict least recently used shards no mapping holds once the cached
     shards of this dataset would exceed it (None: keep everything). ``max_fetches``: parallel
-    downloads per process (an object store serves each connection at a rate of its own). ``storage_options`` go to fsspec (endpoint, credentials); they are
-    never shown in a repr or message.
+    downloads per process (an object store serves each connection at a rate of its own).
+    ``storage_options`` go to fsspec (endpoint, credentials); they are never shown in a repr
+    or message.
     """
 
     url: str

@@ -808,18 +808,35 @@ def test_issue15_speed_the_loader_fetches_ahead_without_page_faults(local, tmp_p
     assert read_unasked == [] and asked == set(range(dataset.num_shards))
 
 
-def test_issue15_speed_an_in_order_read_keeps_every_download_busy(tmp_path, monkeypatch):
+def test_issue15_speed_an_in_order_read_keeps_every_download_busy(tmp_path):
     """Each shard feeds 24 steps: fetching `32 * readahead` steps ahead kept 3 of 8 downloads
     busy while the loader waited for the next shard; the loader now asks far enough ahead."""
     from roxxel.loader.loader import Loader, LoaderConfig
 
+    cache, dataset = _labels_at_url(tmp_path)
+    most = _slow_reads(cache, 0.05)  # a download takes a while: the loader waits for shards
+    with Loader(dataset, 2, shuffle=False, config=LoaderConfig(fields=("label",))) as loader:
+        labels = [int(x) for batch in loader for x in batch["label"]]
+    assert labels == list(range(len(dataset)))
+    assert most[0] >= 6  # of max_fetches=8 (3 at 32 x readahead)
+    cache.close()
+
+
+def _labels_at_url(tmp_path: Path) -> tuple[ShardCache, Dataset]:
+    """1,280 labels at a file URL in over 20 shards of at least 32 records, read through a
+    cache with 8 downloads at once."""
     with roxxel.DatasetWriter(tmp_path / "ds", {"label": "int64"}, shard_bytes=400) as writer:
         for i in range(32 * 40):
             writer.write({"label": i})
-    config = CacheConfig(f"file://{tmp_path / 'ds'}", tmp_path / "cache", max_fetches=8)
-    cache = ShardCache(config)
-    dataset = Dataset(config.url, cache=cache)
+    cache = ShardCache(CacheConfig(f"file://{tmp_path / 'ds'}", tmp_path / "cache", max_fetches=8))
+    dataset = Dataset(cache.config.url, cache=cache)
     assert dataset.num_shards >= 20 and len(dataset) // dataset.num_shards >= 32
+    return cache, dataset
+
+
+def _slow_reads(cache: ShardCache, seconds: float) -> list[int]:
+    """Make each read of the cache's store take ``seconds``; returns a list whose item is
+    the most reads seen running at once."""
     running, most, lock = [0], [0], threading.Lock()
     read = cache.store.read
 
@@ -827,17 +844,13 @@ def test_issue15_speed_an_in_order_read_keeps_every_download_busy(tmp_path, monk
         with lock:
             running[0] += 1
             most[0] = max(most[0], running[0])
-        time.sleep(0.05)  # a download takes a while: the loader waits for shards
+        time.sleep(seconds)
         with lock:
             running[0] -= 1
         return read(name, start, stop)
 
-    monkeypatch.setattr(cache.store, "read", slow)
-    with Loader(dataset, 2, shuffle=False, config=LoaderConfig(fields=("label",))) as loader:
-        labels = [int(x) for batch in loader for x in batch["label"]]
-    assert labels == list(range(len(dataset)))
-    assert most[0] >= 6  # of max_fetches=8 (3 at 32 x readahead)
-    cache.close()
+    cache.store.read = slow  # type: ignore[method-assign]
+    return most
 
 
 def test_issue15_speed_the_first_step_fills_every_download_slot(tmp_path, monkeypatch):
@@ -847,14 +860,8 @@ def test_issue15_speed_the_first_step_fills_every_download_slot(tmp_path, monkey
     now the first step asks far enough ahead for every slot (`max_fetches` queued)."""
     from roxxel.loader.loader import Loader, LoaderConfig
 
-    with roxxel.DatasetWriter(tmp_path / "ds", {"label": "int64"}, shard_bytes=400) as writer:
-        for i in range(32 * 40):
-            writer.write({"label": i})
-    config = CacheConfig(f"file://{tmp_path / 'ds'}", tmp_path / "cache", max_fetches=8)
-    cache = ShardCache(config)
-    dataset = Dataset(config.url, cache=cache)
+    cache, dataset = _labels_at_url(tmp_path)
     first = dataset.manifest.shards[0].path
-    assert dataset.num_shards >= 20 and len(dataset) // dataset.num_shards >= 32
     release, started, asked = threading.Event(), threading.Event(), set()
     read = cache.store.read
 
@@ -891,19 +898,7 @@ def test_issue15_speed_open_dataset_runs_8_downloads_at_once_and_takes_max_fetch
     url = f"file://{local}"
     dataset = roxxel.open_dataset(url, cache_dir=tmp_path / "a")
     assert dataset.cache is not None
-    running, most, lock = [0], [0], threading.Lock()
-    read = dataset.cache.store.read
-
-    def slow(name, start=0, stop=None):
-        with lock:
-            running[0] += 1
-            most[0] = max(most[0], running[0])
-        time.sleep(0.2)  # every download is under way before the first ends
-        with lock:
-            running[0] -= 1
-        return read(name, start, stop)
-
-    dataset.cache.store.read = slow  # type: ignore[method-assign]
+    most = _slow_reads(dataset.cache, 0.2)  # every download is under way before the first ends
     assert dataset.num_shards >= 12
     dataset.prefetch(range(dataset.num_shards))
     dataset.cache.wait()

@@ -853,41 +853,71 @@ def _slow_reads(cache: ShardCache, seconds: float) -> list[int]:
     return most
 
 
-def test_issue15_speed_the_first_step_fills_every_download_slot(tmp_path, monkeypatch):
-    """In order, the first step reads one shard: its fetches ahead began only once the first
-    batch was out (the cache's threads were not started when the first step asked whether
-    shards were missing), so one of 8 downloads ran for the first shard's whole download;
-    now the first step asks far enough ahead for every slot (`max_fetches` queued)."""
+def test_issue15_speed_the_first_step_fetches_ahead_before_its_batch(tmp_path, monkeypatch):
+    """The first step asked for its own shards only (the cache's threads had not started when
+    it asked whether shards were missing), so the fetches ahead began once the first batch
+    was out; now it asks for those of the next steps as every later step does (16)."""
     from roxxel.loader.loader import Loader, LoaderConfig
 
     cache, dataset = _labels_at_url(tmp_path)
+    batch_size = len(dataset) // dataset.num_shards // 4  # a shard feeds about 4 steps
     first = dataset.manifest.shards[0].path
-    release, started, asked = threading.Event(), threading.Event(), set()
+    release, started = threading.Event(), threading.Event()
     read = cache.store.read
 
     def stalled(name, start=0, stop=None):
-        asked.add(name)
         if name == first:  # the first batch's shard takes a while
             started.set()
             assert release.wait(30)
         return read(name, start, stop)
 
     monkeypatch.setattr(cache.store, "read", stalled)
-    loader = Loader(dataset, 2, shuffle=False, config=LoaderConfig(fields=("label",)))
+    config = LoaderConfig(fields=("label",))
+    loader = Loader(dataset, batch_size, shuffle=False, config=config)
     batches: list = []
     thread = threading.Thread(target=lambda: batches.append(next(loader)))
     thread.start()
     assert started.wait(30)
     deadline = time.monotonic() + 5
-    while len(cache._inflight) < 8 and time.monotonic() < deadline:
+    while len(cache._inflight) < 4 and time.monotonic() < deadline:
         time.sleep(0.01)
     queued = len(cache._inflight)  # the first shard and the fetches ahead, before any batch
     release.set()
     thread.join(30)
-    assert [int(x) for x in batches[0]["label"]] == [0, 1]
+    assert [int(x) for x in batches[0]["label"]] == list(range(batch_size))
     loader.close()
     cache.close()
-    assert queued >= 8, queued
+    assert queued >= 4, queued
+
+
+def test_issue15_speed_the_first_step_picks_ahead_as_much_as_a_later_one(tmp_path, monkeypatch):
+    """A first step that asked for every download slot at once walked up to 128 x readahead
+    steps ahead where the dataset had too few shards to fill them (or a shard fed thousands
+    of steps): 1,024 picks of 65,536 rows, 13 s before the first batch, `close()` waiting for
+    it. It picks at most 16 steps ahead, as every later step does."""
+    from roxxel.loader import loader as loader_module
+
+    local = _write(tmp_path / "ds", shard_bytes=100_000)
+    dataset = _open(f"file://{local}", tmp_path / "cache")
+    assert dataset.num_shards <= 2
+    calls: list[list[int]] = []  # the steps picked ahead by each call of `_advise`
+    advise, pick_ahead = loader_module._Assembler._advise, loader_module._Assembler._pick_ahead
+
+    def advise_counted(self, step, pick):
+        calls.append([])
+        return advise(self, step, pick)
+
+    def pick_counted(self, target):
+        calls[-1].append(target)
+        return pick_ahead(self, target)
+
+    monkeypatch.setattr(loader_module._Assembler, "_advise", advise_counted)
+    monkeypatch.setattr(loader_module._Assembler, "_pick_ahead", pick_counted)
+    config = loader_module.LoaderConfig(fields=("label",), readahead=8, num_epochs=None)
+    with loader_module.Loader(dataset, 1, shuffle=False, config=config) as loader:
+        assert int(next(loader)["label"][0]) == 0
+    assert calls and calls[0]  # the first step picked ahead ...
+    assert max(len(targets) for targets in calls) <= loader_module._FETCH_BURST  # ... 16 at most
 
 
 def test_issue15_speed_open_dataset_runs_8_downloads_at_once_and_takes_max_fetches(tmp_path):
@@ -1997,6 +2027,19 @@ def test_issue15_verify_refuses_workers_below_one(local, tmp_path, capsys, worke
     assert main(["verify", where, "--workers", workers, *flags]) == 1
     err = capsys.readouterr().err.strip()
     assert err == f"roxxel verify: error: --workers: {workers} (expected >= 1)"
+
+
+@pytest.mark.parametrize("workers", ["0", "257"])
+def test_issue15_pull_names_its_own_workers_flag_out_of_range(local, tmp_path, capsys, workers):
+    """``roxxel pull URL DIR --workers 300`` said ``max_fetches: too large``, an option the
+    command has not."""
+    from roxxel.cli import main
+
+    out = tmp_path / "out"
+    assert main(["pull", f"file://{local}", str(out), "--workers", workers]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"roxxel pull: error: --workers: {workers} (expected 1 to 256)"
+    assert not out.exists()
 
 
 def test_issue15_a_cache_dir_starting_with_a_tilde_is_the_home_folder(local, tmp_path, monkeypatch):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from roxxel.cli.args import storage_options
 from roxxel.errors import ConfigError, FormatError
-from roxxel.format.cache import CacheConfig, ShardCache, stoppable_waits
+from roxxel.format.cache import MOST_FETCHES, CacheConfig, ShardCache, stoppable_waits
 from roxxel.format.dataset import open_dataset
 from roxxel.format.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from roxxel.format.reader import Shard
@@ -58,8 +58,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"DIR: {args.dir!r} is a URL (expected a local folder; `roxxel push DIR URL` uploads)"
         )
-    if args.workers < 1:
-        raise ConfigError(f"--workers: {args.workers} (expected >= 1)")
+    if not 1 <= args.workers <= MOST_FETCHES:
+        raise ConfigError(f"--workers: {args.workers} (expected 1 to {MOST_FETCHES})")
     options = storage_options(args.storage_options)
     folder = Path(args.dir)
     check_local_folder(args.dir, "DIR:", "a local folder to pull into")  # links to nothing too

@@ -80,7 +80,8 @@ from roxxel.format.remote import FetchPolicy, RemoteStore, fsspec_url, join_url
 from roxxel.format.spec import META_MAX_BYTES, TRAILER_BYTES, pack_header, parse_trailer
 
 __all__ = [
-    "MAX_FETCHES",
+    "DEFAULT_FETCHES",
+    "MOST_FETCHES",
     "CacheConfig",
     "FetchStopped",
     "ShardCache",
@@ -92,7 +93,8 @@ __all__ = [
 ]
 
 _PART = ".part"
-MAX_FETCHES = 8  # downloads at once per process by default, as `roxxel pull --workers`
+DEFAULT_FETCHES = 8  # downloads at once per process by default, as `roxxel pull --workers`
+MOST_FETCHES = 256  # downloads at once one cache may ask for
 # a shard's index is read from the object's end: this much first (the tables, metadata and
 # trailer of shards of up to about 8,000 records), then the rest of its tables if any
 _INDEX_TAIL_BYTES = 128 << 10
@@ -220,7 +222,7 @@ class CacheConfig:
     cache_dir: Path
     storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
     cache_limit_bytes: int | None = None
-    max_fetches: int = MAX_FETCHES
+    max_fetches: int = DEFAULT_FETCHES
     policy: FetchPolicy = field(default_factory=FetchPolicy)
 
     def __repr__(self) -> str:  # a URL's password and the storage options: never shown
@@ -233,7 +235,7 @@ class CacheConfig:
         object.__setattr__(self, "cache_dir", Path(self.cache_dir))
         if self.cache_limit_bytes is not None:
             check_int("cache_limit_bytes", self.cache_limit_bytes, 1)
-        check_int("max_fetches", self.max_fetches, 1, 256)
+        check_int("max_fetches", self.max_fetches, 1, MOST_FETCHES)
         if not isinstance(self.storage_options, Mapping):
             raise ConfigError(
                 f"storage_options: {type(self.storage_options).__name__} (expected a mapping)"

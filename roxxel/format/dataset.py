@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from roxxel.errors import ConfigError, FormatError, without_credentials
-from roxxel.format.cache import MAX_FETCHES, CacheConfig, ShardCache, cache_root
+from roxxel.format.cache import DEFAULT_FETCHES, CacheConfig, ShardCache, cache_root
 from roxxel.format.gather import (
     Batch,
     Group,
@@ -440,7 +440,7 @@ def open_dataset(
         cache_root(cache_dir, "open_dataset: cache_dir"),  # '' or '  ' refused, ~ expanded
         {} if storage_options is None else storage_options,
         cache_limit_bytes,
-        MAX_FETCHES if max_fetches is None else max_fetches,
+        DEFAULT_FETCHES if max_fetches is None else max_fetches,
     )
     return Dataset(
         path, verify=verify, max_decoded_bytes=max_decoded_bytes, cache=ShardCache(config)

@@ -35,7 +35,8 @@ from typing import Any
 __all__ = ["Getter", "GetterGone", "NotDirect", "WriteFailed", "get_range", "what"]
 
 _THREADS = 256  # GETs at once in the process, shared by every cache of the parent: as many
-# as one cache's `max_fetches` may ask for (threads start when there is work for them)
+# as one cache's `max_fetches` may ask for (cache.MOST_FETCHES; threads start when there is
+# work for them)
 _PIECE = 4 << 20  # bytes of a range held in memory at once
 
 

@@ -572,23 +572,20 @@ class _Assembler:
         fault after another. While a dataset at a URL has shards still to fetch
         (`num_missing`), it also goes on up to `_FETCH_STEPS * readahead` steps ahead until a
         few fetches wait for a download slot (`num_queued`), `_FETCH_BURST` steps a call at
-        most after the first: the downloads run ahead whether or not the reads fault, and
-        all of them from the first step on."""
+        most, from the first step on: the downloads run ahead whether or not the reads
+        fault."""
         ahead = self._config.readahead
-        cold_until, first = self._cold_until, self._cold_until is None
-        if cold_until is None:  # the first step: assume a cold cache
-            cold_until = self._cold_until = step + 1 + ahead
+        if self._cold_until is None:  # the first step: assume a cold cache
+            self._cold_until = step + 1 + ahead
         fetching = ahead > 0 and num_missing() > 0
-        if ahead == 0 or (step >= cold_until and not fetching):
+        if ahead == 0 or (step >= self._cold_until and not fetching):
             return
         if self._advised < step:
             self._picker.advise(pick)
             # a dataset at a URL counts its missing shards once asked for one: the first step
             fetching = fetching or num_missing() > 0
         target = max(step, self._advised) + 1
-        far = step + _FETCH_STEPS * ahead
-        if not first:  # the first step fills every download slot, later ones a few steps
-            far = min(far, target + _FETCH_BURST - 1)
+        far = min(step + _FETCH_STEPS * ahead, target + _FETCH_BURST - 1)
         while target <= step + ahead or (
             fetching and target <= far and num_queued() < _FETCH_QUEUED
         ):
